@@ -1,0 +1,5 @@
+import sys
+
+from k26_ddtree.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,71 @@
+"""`k26-deploy`: one argparse front, one module per subcommand family.
+
+Each family module exposes `register(subparsers)`; every parser it adds sets
+`func=handler` where `handler(args) -> int` is the exit code. Family modules
+must not import torch or sglang at module level: `k26-deploy --help` stays fast
+on a machine that has neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from k26_ddtree import __version__
+from k26_ddtree.errors import UserError
+
+FAMILIES = (
+    "k26_ddtree.repro.cli",      # setup, snapshot, manifest, verify
+    "k26_ddtree.patchset.cli",   # apply
+    "k26_ddtree.deploy.cli",     # detect, render, install, reconfigure, status, wait-ready
+    "k26_ddtree.fetch.cli",      # fetch-model, verify-model
+    "k26_ddtree.bench.cli",      # bench run|report|sweep
+    "k26_ddtree.gpu.cli",        # bundle, selftest
+)
+
+PROG = "k26-deploy"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line for usage errors (its default, kept explicit)."""
+
+    def error(self, message: str) -> None:  # noqa: D401
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description=(
+            "Deploy Kimi K2.6 on SGLang 0.5.11 with DFlash + DDTree: patch the pinned "
+            "SGLang, render and run systemd units per hardware profile, retune "
+            "budget/topk safely, benchmark, and verify a SHA256 reproduction manifest."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in FAMILIES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""Subcommands of the deploy family (being written)."""
+
+
+def register(sub) -> None:
+    """Add this family's subcommands to the k26-deploy parser."""

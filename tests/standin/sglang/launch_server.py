@@ -1,0 +1,244 @@
+"""A stand-in for `python -m sglang.launch_server`, for CPU tests only.
+
+The real server needs a GPU. This module takes its place on PYTHONPATH
+(tests/standin) so that the same systemd unit, readiness gate and benchmark
+client run against a real HTTP server on 127.0.0.1. It imitates what the
+tooling relies on:
+
+- the port refuses connections while "loading" (STANDIN_LOAD_SECONDS, default 2);
+- /health and /health_generate answer 503 for STANDIN_WARMUP_SECONDS after bind, then 200;
+- native /generate returns meta_info with completion_tokens, spec_verify_ct,
+  spec_accept_length (acceptance STANDIN_ACCEPT, default 4.0) and streams SSE;
+- /server_info carries the parsed server args, the pid and avg_spec_accept_length;
+- /flush_cache, /v1/models, /v1/chat/completions.
+
+Failure modes for rollback tests: STANDIN_FAIL=start exits 1 after loading;
+STANDIN_FAIL=health serves but never becomes healthy. STANDIN_FAIL_BUDGET=N
+applies STANDIN_FAIL only when --speculative-ddtree-budget equals N.
+Only the standard library is used: it runs under any python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+STARTED = time.monotonic()
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="sglang.launch_server (stand-in)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model-path", default="stand-in-model")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-ddtree-budget", type=int, default=None)
+    p.add_argument("--speculative-ddtree-topk", type=int, default=None)
+    return p.parse_known_args(argv)
+
+
+class State:
+    def __init__(self, args: argparse.Namespace, extra: list[str], argv: list[str]):
+        self.args = args
+        self.extra = extra
+        self.argv = argv
+        self.accept = float(os.environ.get("STANDIN_ACCEPT", "4.0"))
+        self.tokens_per_s = float(os.environ.get("STANDIN_TOKENS_PER_S", "2000"))
+        self.warmup = float(os.environ.get("STANDIN_WARMUP_SECONDS", "0.5"))
+        self.never_healthy = False
+        self.bound_at = time.monotonic()
+        self.lock = threading.Lock()
+        self.sum_tokens = 0
+        self.sum_verify = 0
+        self.chat_reply = os.environ.get(
+            "STANDIN_CHAT_REPLY",
+            "<think>Reasoning about the task.</think>Here is the code:\n```python\nprint('ok')\n```\n",
+        )
+
+    def model_name(self) -> str:
+        return self.args.served_model_name or self.args.model_path
+
+    def healthy(self) -> bool:
+        return not self.never_healthy and time.monotonic() - self.bound_at >= self.warmup
+
+    def record(self, tokens: int, verify: int) -> None:
+        with self.lock:
+            self.sum_tokens += tokens
+            self.sum_verify += verify
+
+    def avg_accept(self) -> float:
+        with self.lock:
+            return self.sum_tokens / self.sum_verify if self.sum_verify else 0.0
+
+
+def make_handler(state: State):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *a):  # keep the journal quiet
+            pass
+
+        def _json(self, code: int, body) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self) -> bool:
+            if not state.args.api_key or self.path.startswith("/health"):
+                return True
+            if self.headers.get("Authorization") == f"Bearer {state.args.api_key}":
+                return True
+            self._json(401, {"error": "Unauthorized"})
+            return False
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b"{}"
+            try:
+                return json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                return {}
+
+        def do_GET(self):
+            if not self._authorized():
+                return
+            path = self.path.split("?")[0]
+            if path in ("/health", "/health_generate"):
+                if state.healthy():
+                    self._json(200, {})
+                else:
+                    self._json(503, {"error": "starting"})
+            elif path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": state.model_name(), "object": "model"}]})
+            elif path in ("/server_info", "/get_server_info"):
+                info = {k: v for k, v in vars(state.args).items()}
+                info.update(
+                    {
+                        "argv": state.argv,
+                        "unparsed_args": state.extra,
+                        "pid": os.getpid(),
+                        "version": "stand-in",
+                        "internal_states": [{"avg_spec_accept_length": state.avg_accept()}],
+                    }
+                )
+                self._json(200, info)
+            else:
+                self._json(404, {"error": "not found"})
+
+        def do_POST(self):
+            if not self._authorized():
+                return
+            path = self.path.split("?")[0]
+            body = self._body()
+            if path == "/flush_cache":
+                with state.lock:
+                    state.sum_tokens = state.sum_verify = 0
+                self._json(200, {"success": True})
+            elif path == "/generate":
+                self._generate(body)
+            elif path == "/v1/chat/completions":
+                self._chat(body)
+            else:
+                self._json(404, {"error": "not found"})
+
+        def _generate(self, body: dict) -> None:
+            sp = body.get("sampling_params") or {}
+            n_out = int(sp.get("max_new_tokens", 16))
+            prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(str(body.get("text", "")).split())
+            steps = max(1, math.ceil(n_out / state.accept)) if n_out else 0
+            step_s = state.accept / state.tokens_per_s
+            rid = f"standin-{time.monotonic_ns()}"
+            start = time.monotonic()
+
+            def chunk(done: int, verify: int, final: bool) -> dict:
+                return {
+                    "text": " tok" * done,
+                    "output_ids": [7] * done,
+                    "meta_info": {
+                        "id": rid,
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": done,
+                        "spec_verify_ct": verify,
+                        "spec_accept_length": (done / verify) if verify else 0.0,
+                        "finish_reason": {"type": "length", "length": n_out} if final else None,
+                        "e2e_latency": time.monotonic() - start,
+                    },
+                }
+
+            if not body.get("stream"):
+                time.sleep(steps * step_s)
+                state.record(n_out, steps)
+                self._json(200, chunk(n_out, steps, True))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            done = 0
+            for verify in range(1, steps + 1):
+                time.sleep(step_s)
+                done = min(n_out, done + math.ceil(state.accept))
+                self.wfile.write(f"data: {json.dumps(chunk(done, verify, verify == steps))}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            state.record(n_out, steps)
+            self.close_connection = True
+
+        def _chat(self, body: dict) -> None:
+            reply = state.chat_reply
+            n_out = max(1, len(reply.split()))
+            self._json(
+                200,
+                {
+                    "id": f"chatcmpl-{time.monotonic_ns()}",
+                    "object": "chat.completion",
+                    "model": state.model_name(),
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": n_out, "total_tokens": n_out + 1},
+                },
+            )
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = parse_args(argv)
+    fail = os.environ.get("STANDIN_FAIL", "")
+    fail_budget = os.environ.get("STANDIN_FAIL_BUDGET")
+    if fail_budget is not None and str(args.speculative_ddtree_budget) != fail_budget:
+        fail = ""
+    print(f"stand-in sglang: loading (pid {os.getpid()})", flush=True)
+    time.sleep(float(os.environ.get("STANDIN_LOAD_SECONDS", "2")))
+    if fail == "start":
+        print("stand-in sglang: failing at start as asked (STANDIN_FAIL=start)", flush=True)
+        return 1
+    state = State(args, extra, argv)
+    state.never_healthy = fail == "health"
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+    server.daemon_threads = True
+    state.bound_at = time.monotonic()
+    print(f"stand-in sglang: serving on {args.host}:{args.port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
