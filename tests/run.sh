@@ -12,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null || exit 1
 echo "tests/run.sh: installing the toolkit and test requirements into .venv"
-.venv/bin/python -m pip install -q -r env/requirements-test.txt || exit 1
+.venv/bin/python -m pip install -q -r env/requirements-test.txt -r env/requirements-sglang-cpu.txt || exit 1
 .venv/bin/python -m pip install -q -e '.[test]' || exit 1
 
 # The pinned SGLang wheel is downloaded once per run (not across runs) and shared by the tests.

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the pinned k26-ddtree stack on this machine: on a GPU box the CUDA 13.0 toolkit,
+# python dev headers, aria2 and a venv with torch 2.11.0 + sglang 0.5.11 + this toolkit;
+# without GPUs, sglang's sources without its CUDA stack. Idempotent; --dry-run lists the steps.
+#
+# The plan lives in k26_ddtree/repro/setup.py (also `k26-deploy setup`); this script runs it
+# with the system python because no venv exists yet on a fresh machine.
+#   bash env/setup_env.sh [--venv PATH] [--python PY] [--gpu auto|yes|no] [--dry-run]
+set -u -o pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=${PYTHON:-python3}
+
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "setup_env.sh: error: $PY not found; install Python 3.10-3.13 first (Ubuntu: apt-get install python3)" >&2
+  exit 2
+fi
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m k26_ddtree.repro.setup "$@"

@@ -1,0 +1,111 @@
+"""The results file: {"schema": ..., "runs": [run, ...]} (bench/results/README.md).
+
+A run is written after every finished cell (atomically: temp file, then
+os.replace), so Ctrl-C or a crash leaves every finished cell on disk and never
+a half-written file. Runs append to an existing file: one file can hold AR,
+DFLASH and DDTREE runs for a side-by-side report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.resources import source_root
+
+SCHEMA = "k26-ddtree-bench/1"
+_SECRET_KEY = re.compile(r"(api_key|token|secret|password)", re.IGNORECASE)
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def git_sha() -> str:
+    """HEAD of this repository's checkout, or "unknown" (installed wheel, no git)."""
+    root = source_root()
+    if root is None:
+        return "unknown"
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def scrub_secrets(value):
+    """Copy of server_info with every key-like field redacted: result files get shared."""
+    if isinstance(value, dict):
+        return {
+            k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v not in (None, "") else scrub_secrets(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [scrub_secrets(v) for v in value]
+    return value
+
+
+def run_label(server_info: dict, budget, topk) -> str:
+    """Default label: AR, DFLASH or DDTREE b<budget> k<topk>, from the server's own args."""
+    algorithm = str(server_info.get("speculative_algorithm") or "").upper()
+    if not algorithm or algorithm == "NONE":
+        return "AR"
+    if budget is not None:
+        return f"{algorithm} b{budget}" + (f" k{topk}" if topk is not None else "")
+    return algorithm
+
+
+def load_results(path: Path) -> dict:
+    """Parse a results file; a clear error for anything that is not one."""
+    try:
+        document = json.loads(path.read_text())
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA or not isinstance(document.get("runs"), list):
+        raise UserError(f"{path} is not a k26-deploy bench results file (schema {SCHEMA})")
+    return document
+
+
+def write_json_atomic(path: Path, document: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(document, handle, indent=1, sort_keys=False)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunWriter:
+    """Holds one run and rewrites it into the results file on every save()."""
+
+    def __init__(self, path: Path, run: dict):
+        self.path = path
+        self.run = run
+        if path.exists():
+            load_results(path)
+
+    def save(self) -> None:
+        document = load_results(self.path) if self.path.exists() else {"schema": SCHEMA, "runs": []}
+        runs = [r for r in document["runs"] if r.get("run_id") != self.run["run_id"]]
+        runs.append(self.run)
+        document["runs"] = runs
+        write_json_atomic(self.path, document)

@@ -1,0 +1,323 @@
+"""Bring one hub repository into a model directory: plan, download with aria2c, verify, record.
+
+Invariants:
+- A file is in DIR only after its size and hash matched the hub's listing (LFS files by their
+  SHA-256, small non-LFS files by their git blob id); aria2c writes into DIR/.partial and a
+  verified file is renamed into place. A partial file never counts as done.
+- SHA256SUMS exists only while every listed file is in place and verified; the stamp says
+  `complete: true` at the same moment. While work is pending the stamp lists what is verified
+  so far (an interrupted run keeps that work).
+- A file that fails verification is deleted and downloaded once more; a second failure is
+  reported and the run exits 1.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.fetch import modeldir
+from k26_ddtree.fetch.aria2 import Aria2Job, Aria2Process, Aria2Settings, control_file
+from k26_ddtree.fetch.hashing import Digests, file_digests
+from k26_ddtree.fetch.hub import RepoFile, RepoSnapshot, resolve_url
+from k26_ddtree.fetch.progress import Reporter, TotalMeter, human_bytes
+
+PARTIAL_NAME = ".partial"
+_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Verdict:
+    file: RepoFile
+    digests: Digests | None  # None: the file was not there to hash
+    ok: bool
+
+
+def matches(file: RepoFile, digests: Digests) -> bool:
+    if digests.size != file.size:
+        return False
+    if file.sha256:
+        return digests.sha256 == file.sha256
+    return digests.git_oid == file.git_oid
+
+
+def describe_mismatch(file: RepoFile, digests: Digests | None) -> str:
+    if digests is None:
+        return "not downloaded"
+    if digests.size != file.size:
+        return f"{digests.size} bytes, expected {file.size}"
+    if file.sha256:
+        return f"sha256 {digests.sha256[:12]}…, expected {file.sha256[:12]}…"
+    return f"git blob id {str(digests.git_oid)[:12]}…, expected {str(file.git_oid)[:12]}…"
+
+
+class RepoFetch:
+    """One repository into one directory. `run()` returns the paths that failed (empty: done)."""
+
+    def __init__(self, snapshot: RepoSnapshot, endpoint: str, dest: Path, token: str | None,
+                 settings: Aria2Settings, reporter: Reporter, verify_workers: int = 2):
+        self.snapshot = snapshot
+        self.endpoint = endpoint
+        self.dest = dest.resolve()
+        self.partial = self.dest / PARTIAL_NAME
+        self.token = token
+        self.settings = settings
+        self.reporter = reporter
+        self.verify_workers = verify_workers
+        self.verified: dict[str, dict] = {}
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _record(self, file: RepoFile, digests: Digests) -> None:
+        self.verified[file.path] = {
+            "path": file.path, "size": file.size, "sha256": digests.sha256,
+            "git_oid": file.git_oid, "mtime_ns": (self.dest / file.path).stat().st_mtime_ns}
+
+    def _write_stamp(self, complete: bool) -> None:
+        files = [self.verified[f.path] for f in self.snapshot.files if f.path in self.verified]
+        modeldir.write_stamp(self.dest, repo=self.snapshot.repo, revision=self.snapshot.revision,
+                             commit=self.snapshot.commit, files=files, complete=complete)
+
+    def _known_good(self) -> dict[str, dict]:
+        """Stamp entries that still describe the file on disk and the file the hub lists."""
+        stamp = modeldir.read_stamp(self.dest)
+        if stamp is None:
+            return {}
+        if stamp.get("repo") not in (None, self.snapshot.repo):
+            raise UserError(f"{self.dest} holds {stamp['repo']}, not {self.snapshot.repo}: "
+                            "choose another --dest")
+        listed = {f.path: f for f in self.snapshot.files}
+        good = {}
+        for entry in stamp["files"]:
+            file = listed.get(entry["path"])
+            if file is None or entry["size"] != file.size:
+                continue
+            if (file.sha256 and entry.get("sha256") != file.sha256) or (
+                    not file.sha256 and entry.get("git_oid") != file.git_oid):
+                continue
+            try:
+                st = (self.dest / file.path).stat()
+            except OSError:
+                continue
+            if st.st_size == file.size and st.st_mtime_ns == entry.get("mtime_ns"):
+                good[file.path] = entry
+        return good
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self) -> list[str]:
+        self.dest.mkdir(parents=True, exist_ok=True)
+        snap = self.snapshot
+        self.verified = self._known_good()
+        present = [f for f in snap.files if f.path not in self.verified
+                   and (self.dest / f.path).is_file()]
+        missing = [f for f in snap.files if f.path not in self.verified
+                   and not (self.dest / f.path).is_file()]
+        self.reporter.line(
+            f"{snap.repo} @ {snap.revision} (commit {snap.commit[:12]}) -> {self.dest}: "
+            f"{len(snap.files)} files, {human_bytes(snap.total_bytes)}; {len(self.verified)} verified "
+            f"before, {len(present)} to check, {len(missing)} to download "
+            f"({human_bytes(sum(f.size for f in missing))})")
+        if present or missing or not (self.dest / modeldir.SUMS_NAME).is_file():
+            (self.dest / modeldir.SUMS_NAME).unlink(missing_ok=True)
+            self._write_stamp(complete=False)
+        with ThreadPoolExecutor(self.verify_workers, thread_name_prefix="k26-verify") as pool:
+            missing += self._check_present(present, pool)
+            failed = self._download(missing, pool)
+        if failed:
+            self._write_stamp(complete=False)
+            return failed
+        modeldir.write_sums(self.dest, [(self.verified[f.path]["sha256"], f.path) for f in snap.files])
+        self._write_stamp(complete=True)
+        shutil.rmtree(self.partial, ignore_errors=True)
+        self.reporter.line(f"{snap.repo}: all {len(snap.files)} files verified; "
+                           f"hashes in {self.dest / modeldir.SUMS_NAME}")
+        return []
+
+    def _check_present(self, present: list[RepoFile], pool: ThreadPoolExecutor) -> list[RepoFile]:
+        """Hash files already in DIR that no stamp vouches for; return those that differ."""
+        if not present:
+            return []
+        meter = TotalMeter("checked", sum(f.size for f in present))
+        futures = [pool.submit(self._hash, self.dest / f.path, f, meter) for f in present]
+        differ = []
+        for future in _as_they_finish(futures, lambda: self.reporter.tick(meter)):
+            verdict = future.result()
+            if verdict.ok:
+                self._record(verdict.file, verdict.digests)
+                self._write_stamp(complete=False)
+                self.reporter.line(f"  ok (present)  {verdict.file.path}")
+            else:
+                self.reporter.line(f"  differs       {verdict.file.path}: "
+                                   f"{describe_mismatch(verdict.file, verdict.digests)}; downloading it")
+                differ.append(verdict.file)
+        return differ
+
+    def _hash(self, path: Path, file: RepoFile, meter: TotalMeter | None) -> Verdict:
+        def on_bytes(n: int) -> None:
+            if meter is not None:
+                meter.set_done(meter.done + n)
+
+        try:
+            digests = file_digests(path, with_git_oid=not file.sha256, on_bytes=on_bytes)
+        except FileNotFoundError:
+            return Verdict(file, None, False)
+        return Verdict(file, digests, matches(file, digests))
+
+    def _target(self, file: RepoFile) -> Path:
+        return self.partial / file.path
+
+    def _discard_partial(self, file: RepoFile) -> None:
+        self._target(file).unlink(missing_ok=True)
+        control_file(self._target(file)).unlink(missing_ok=True)
+
+    def _download(self, files: list[RepoFile], pool: ThreadPoolExecutor) -> list[str]:
+        if not files:
+            return []
+        meter = TotalMeter("downloaded", sum(f.size for f in files))
+        done_bytes = 0
+        failed: list[str] = []
+        todo = self._settle_partials(files)
+        for attempt in (1, 2):
+            if not todo:
+                break
+            self.reporter.line(f"  aria2c: {len(todo)} files, {human_bytes(sum(f.size for f in todo))}, "
+                               f"{self.settings.connections} connections per file, "
+                               f"{self.settings.parallel_files} files at once"
+                               + (" (second attempt)" if attempt == 2 else ""))
+            results = self._aria2_round(todo, pool, meter, done_bytes)
+            todo = []
+            for file, verdict in results:
+                if verdict is not None and verdict.ok:
+                    done_bytes += file.size
+                    continue
+                if verdict is None:
+                    failed.append(file.path)
+                    self.reporter.line(f"  FAILED  {file.path}: download did not finish "
+                                       "(rerun the same command to resume)")
+                    continue
+                self._discard_partial(file)
+                if attempt == 1:
+                    self.reporter.line(f"  BAD     {file.path}: {describe_mismatch(file, verdict.digests)}; "
+                                       "deleted, downloading it again")
+                    todo.append(file)
+                else:
+                    self.reporter.line(f"  BAD     {file.path}: {describe_mismatch(file, verdict.digests)} "
+                                       "again; giving up on it")
+                    failed.append(file.path)
+        self.reporter.tick(meter, force=True)
+        self.reporter.line(meter.summary())
+        return failed
+
+    def _settle_partials(self, files: list[RepoFile]) -> list[RepoFile]:
+        """A partial of full length without aria2c's resume record is a finished download that
+        was never verified (the previous run stopped in between): verify it now, not again."""
+        todo = []
+        for file in files:
+            target = self._target(file)
+            try:
+                size = target.stat().st_size
+            except FileNotFoundError:
+                todo.append(file)
+                continue
+            resumable = control_file(target).exists()
+            if size > file.size or (size == file.size and not resumable):
+                verdict = self._hash(target, file, None)
+                if verdict.ok:
+                    self._accept(verdict)
+                    continue
+                self._discard_partial(file)
+            todo.append(file)
+        return todo
+
+    def _accept(self, verdict: Verdict) -> None:
+        file = verdict.file
+        final = self.dest / file.path
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self._target(file).replace(final)
+        self._record(file, verdict.digests)
+        self._write_stamp(complete=False)
+        self.reporter.line(f"  ok      {file.path}  {human_bytes(file.size)}  "
+                           f"sha256 {verdict.digests.sha256[:16]}…")
+
+    def _aria2_round(self, files: list[RepoFile], pool: ThreadPoolExecutor, meter: TotalMeter,
+                     done_before: int) -> list[tuple[RepoFile, Verdict | None]]:
+        by_target = {self._target(f): f for f in files}
+        for target in by_target:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        jobs = [Aria2Job(resolve_url(self.endpoint, self.snapshot.repo, self.snapshot.commit, f.path),
+                         self._target(f)) for f in files]
+        verifying: dict[Future, RepoFile] = {}
+        results: dict[str, tuple[RepoFile, Verdict | None]] = {}
+        finished_bytes = 0
+
+        def take_events(proc: Aria2Process) -> None:
+            for kind, path in proc.events():
+                file = by_target.get(path)
+                if file is None or file.path in results or file in verifying.values():
+                    continue
+                if kind == "complete":
+                    verifying[pool.submit(self._hash, path, file, None)] = file
+                else:
+                    results[file.path] = (file, None)
+
+        with Aria2Process(jobs, self.token, self.settings, self.partial) as proc:
+            while proc.running() or verifying:
+                take_events(proc)
+                for future in [f for f in verifying if f.done()]:
+                    file = verifying.pop(future)
+                    verdict = future.result()
+                    if verdict.ok:
+                        self._accept(verdict)
+                        finished_bytes += file.size
+                    results[file.path] = (file, verdict)
+                meter.set_done(done_before + finished_bytes + self._in_flight_bytes(files, results))
+                self.reporter.tick(meter)
+                time.sleep(_POLL_S)
+            take_events(proc)
+            if proc.returncode() not in (0, None):
+                tail = [line for line in proc.output_tail if line.strip()][-8:]
+                for line in tail:
+                    self.reporter.line(f"  aria2c: {line}")
+        return [results.get(f.path) or self._after_exit(f) for f in files]
+
+    def _after_exit(self, file: RepoFile) -> tuple[RepoFile, Verdict | None]:
+        """aria2c exited without a hook line for `file`: a complete file has no resume record."""
+        target = self._target(file)
+        if not target.is_file() or control_file(target).exists():
+            return file, None
+        verdict = self._hash(target, file, None)
+        if verdict.ok:
+            self._accept(verdict)
+        return file, verdict
+
+    def _in_flight_bytes(self, files: list[RepoFile], results: dict) -> int:
+        """Bytes on disk of unfinished downloads. Allocated blocks, not st_size: with several
+        connections per file aria2c writes at scattered offsets and the length jumps ahead."""
+        total = 0
+        for file in files:
+            if file.path in results:
+                continue
+            try:
+                st = self._target(file).stat()
+            except OSError:
+                continue
+            total += min(st.st_blocks * 512, st.st_size, file.size)
+        return total
+
+
+def _as_they_finish(futures: list[Future], tick) -> list[Future]:
+    """Yield futures as they complete, calling `tick()` about every poll interval meanwhile."""
+    pending = list(futures)
+    while pending:
+        done = [f for f in pending if f.done()]
+        for future in done:
+            pending.remove(future)
+            yield future
+        if pending and not done:
+            tick()
+            time.sleep(_POLL_S / 5)

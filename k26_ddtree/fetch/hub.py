@@ -1,0 +1,136 @@
+"""What a Hugging Face hub repository holds at one revision: paths, sizes, hashes, download URLs.
+
+One request, the one huggingface_hub's `model_info(files_metadata=True)` makes:
+`GET {endpoint}/api/models/{repo}/revision/{rev}?blobs=true` answers
+`{"id": ..., "sha": "<commit>", "siblings": [{"rfilename": ..., "size": N, "blobId": "<git sha1>",
+"lfs": {"sha256": ..., "size": N, "pointerSize": ...}}, ...]}`; `lfs` is present only for LFS
+files. It also names the commit the revision points at, so every download URL is pinned to that
+commit (`{endpoint}/{repo}/resolve/{commit}/{path}`) and a branch moving mid-download cannot mix
+two versions of the model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from k26_ddtree.errors import UserError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_MODEL_REPO = "moonshotai/Kimi-K2.6"
+
+# Names this toolkit writes into a model directory; a repository file with one of them would collide.
+RESERVED_NAMES = ("SHA256SUMS", ".k26-model.json", ".partial")
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    """One file of the repository. `sha256` is the LFS oid; small non-LFS files have only
+    their git blob id (`git_oid`, SHA-1 of "blob <size>\\0" + content)."""
+
+    path: str
+    size: int
+    sha256: str | None
+    git_oid: str | None
+
+
+@dataclass(frozen=True)
+class RepoSnapshot:
+    repo: str
+    revision: str
+    commit: str
+    files: tuple[RepoFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def default_endpoint() -> str:
+    """The hub to talk to: $HF_ENDPOINT (a mirror) or huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or DEFAULT_ENDPOINT
+
+
+def check_repo_id(repo: str) -> str:
+    if not _REPO.fullmatch(repo) or ".." in repo:
+        raise UserError(f"repository id {repo!r} is not of the form owner/name")
+    return repo
+
+
+def resolve_url(endpoint: str, repo: str, commit: str, path: str) -> str:
+    return f"{endpoint.rstrip('/')}/{repo}/resolve/{commit}/{quote(path)}"
+
+
+def fetch_snapshot(endpoint: str, repo: str, revision: str, token: str | None,
+                   timeout_s: float = 60.0) -> RepoSnapshot:
+    """List `repo` at `revision` with sizes and hashes. UserError for what the user can fix
+    (unknown repo or revision, gated repo without access, unreachable endpoint)."""
+    import requests
+
+    check_repo_id(repo)
+    url = f"{endpoint.rstrip('/')}/api/models/{repo}/revision/{quote(revision, safe='')}"
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = requests.get(url, params={"blobs": "true"}, headers=headers, timeout=timeout_s)
+    except requests.RequestException as err:
+        raise UserError(f"cannot reach the hub at {endpoint}: {type(err).__name__}", code=1) from None
+    if response.status_code in (401, 403):
+        hint = ("the token was refused or lacks access (gated repository: accept its terms on the hub)"
+                if token else "it needs a token: set HF_TOKEN or use --token-file")
+        raise UserError(f"the hub refused to list {repo} (HTTP {response.status_code}): {hint}")
+    if response.status_code == 404:
+        raise UserError(f"{repo} at revision {revision!r} was not found on {endpoint}")
+    if response.status_code != 200:
+        raise UserError(f"listing {repo} at {endpoint} failed: HTTP {response.status_code}", code=1)
+    try:
+        return parse_snapshot(repo, revision, response.json())
+    except ValueError as err:
+        raise UserError(f"the hub's answer for {repo} is not a repository listing: {err}", code=1) from None
+
+
+def parse_snapshot(repo: str, revision: str, info: dict) -> RepoSnapshot:
+    commit = info.get("sha")
+    if not isinstance(commit, str) or not _HEX40.fullmatch(commit):
+        raise ValueError("no commit sha")
+    files = []
+    for sibling in info.get("siblings") or []:
+        files.append(_parse_sibling(sibling))
+    if not files:
+        raise ValueError("no files (the listing needs ?blobs=true)")
+    files.sort(key=lambda f: f.path)
+    return RepoSnapshot(repo=repo, revision=revision, commit=commit, files=tuple(files))
+
+
+def _parse_sibling(sibling: dict) -> RepoFile:
+    path = sibling.get("rfilename")
+    size = sibling.get("size")
+    if not isinstance(path, str) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"a file entry lacks rfilename/size: {sibling!r:.200}")
+    check_repo_path(path)
+    lfs = sibling.get("lfs") or None
+    sha256 = git_oid = None
+    if lfs:
+        sha256 = str(lfs.get("sha256", "")).lower()
+        if not _HEX64.fullmatch(sha256) or lfs.get("size", size) != size:
+            raise ValueError(f"{path}: LFS entry without a sha256 or with a different size")
+    else:
+        git_oid = str(sibling.get("blobId", "")).lower()
+        if not _HEX40.fullmatch(git_oid):
+            raise ValueError(f"{path}: neither an LFS sha256 nor a git blob id")
+    return RepoFile(path=path, size=size, sha256=sha256, git_oid=git_oid)
+
+
+def check_repo_path(path: str) -> None:
+    """A listed path must stay inside the model directory and fit a sha256sum line."""
+    parts = path.split("/")
+    if (not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts)
+            or any(c in path for c in "\\\n\r\0") or parts[0] in RESERVED_NAMES):
+        raise ValueError(f"unsafe or reserved file path in the listing: {path!r}")

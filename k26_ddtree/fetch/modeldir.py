@@ -1,0 +1,187 @@
+"""A model directory's records: `SHA256SUMS` (sha256sum format, paths relative to the directory)
+and the stamp `.k26-model.json` (repo, revision, commit, files with sizes, when verified).
+
+`SHA256SUMS` is what travels with the model and what `sha256sum -c SHA256SUMS` and
+`k26-deploy verify-model` check. The stamp says the directory is complete and verified, and
+keeps each file's size and mtime so a rerun of fetch-model can skip files it already hashed.
+Both are written only through a temporary file and os.replace.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.fetch.hashing import file_digests
+from k26_ddtree.fetch.hub import DEFAULT_MODEL_REPO
+from k26_ddtree.fetch.progress import Reporter, TotalMeter, human_bytes
+
+SUMS_NAME = "SHA256SUMS"
+STAMP_NAME = ".k26-model.json"
+STAMP_FORMAT = 1
+
+_SUMS_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def write_sums(model_dir: Path, entries: list[tuple[str, str]]) -> None:
+    """entries: (sha256, relative path); written sorted by path, as `sha256sum` writes them."""
+    lines = [f"{sha}  {rel}\n" for sha, rel in sorted(entries, key=lambda e: e[1])]
+    atomic_write_text(model_dir / SUMS_NAME, "".join(lines))
+
+
+def read_sums(model_dir: Path) -> list[tuple[str, str]]:
+    path = model_dir / SUMS_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist: this directory has no recorded hashes") from None
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        match = _SUMS_LINE.fullmatch(line)
+        rel = match.group(2) if match else ""
+        if not match or rel.startswith("/") or ".." in rel.split("/"):
+            raise UserError(f"{path}:{number} is not a `sha256sum` line with a relative path")
+        entries.append((match.group(1).lower(), rel))
+    if not entries:
+        raise UserError(f"{path} lists no files")
+    return entries
+
+
+def read_stamp(model_dir: Path) -> dict | None:
+    """The stamp, or None when absent or unreadable (then nothing in it can be trusted)."""
+    try:
+        stamp = json.loads((model_dir / STAMP_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get("format") != STAMP_FORMAT:
+        return None
+    files = stamp.get("files")
+    if not isinstance(files, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("size"), int)
+            for f in files):
+        return None
+    return stamp
+
+
+def write_stamp(model_dir: Path, *, repo: str | None, revision: str | None, commit: str | None,
+                files: list[dict], complete: bool) -> None:
+    """files: dicts with path, size, sha256, git_oid (or None), mtime_ns."""
+    stamp = {
+        "format": STAMP_FORMAT,
+        "repo": repo,
+        "revision": revision,
+        "commit": commit,
+        "complete": complete,
+        "verified_at": utc_now() if complete else None,
+        "total_bytes": sum(f["size"] for f in files),
+        "files": sorted(files, key=lambda f: f["path"]),
+    }
+    atomic_write_text(model_dir / STAMP_NAME, json.dumps(stamp, indent=1) + "\n")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def model_dir_problem(path: str | os.PathLike, repo: str | None = None) -> str | None:
+    """None when `path` is a complete, verified model directory; else one line naming the
+    problem and the command that fixes it. Quick: checks presence and sizes, never hashes."""
+    model_dir = Path(path)
+    stamp = read_stamp(model_dir) if model_dir.is_dir() else None
+    fix_repo = repo or (stamp or {}).get("repo") or DEFAULT_MODEL_REPO
+    fix = f"run `k26-deploy fetch-model --model {fix_repo} --dest {model_dir}`"
+    if not model_dir.is_dir():
+        return f"model directory {model_dir} is missing: {fix}"
+    if not (model_dir / SUMS_NAME).is_file():
+        return (f"model directory {model_dir} has no {SUMS_NAME} (never fetched, or the fetch "
+                f"did not finish): {fix}")
+    if stamp is None or not stamp.get("complete"):
+        return (f"model directory {model_dir} is not verified (no complete {STAMP_NAME}): {fix}, "
+                f"or `k26-deploy verify-model {model_dir}` if it was copied here by other means")
+    try:
+        listed = read_sums(model_dir)
+    except UserError as err:
+        return f"{err}: {fix}"
+    sizes = {f["path"]: f["size"] for f in stamp["files"]}
+    for _sha, rel in listed:
+        if rel not in sizes:
+            return (f"model directory {model_dir}: {SUMS_NAME} lists {rel} but {STAMP_NAME} does not: "
+                    f"run `k26-deploy verify-model {model_dir}`")
+        try:
+            size = (model_dir / rel).stat().st_size
+        except OSError:
+            return f"model directory {model_dir} lacks {rel}: {fix}"
+        if size != sizes[rel]:
+            return (f"model directory {model_dir}: {rel} has {size} bytes, expected {sizes[rel]}: {fix}")
+    return None
+
+
+def verify_model(model_dir: Path, reporter: Reporter) -> None:
+    """Hash every file listed in SHA256SUMS (offline). Raises UserError(code=1) naming the
+    files that are missing or differ. On success, records the stamp when it is missing or
+    stale, so a directory received by other means is accepted by apply/render afterwards."""
+    if not model_dir.is_dir():
+        raise UserError(f"model directory {model_dir} does not exist")
+    entries = read_sums(model_dir)
+    sizes = {}
+    for _sha, rel in entries:
+        try:
+            sizes[rel] = (model_dir / rel).stat().st_size
+        except OSError:
+            sizes[rel] = None
+    meter = TotalMeter("verified", sum(s for s in sizes.values() if s))
+    reporter.line(f"verify {model_dir}: {len(entries)} files, {human_bytes(meter.total)}")
+    bad: list[str] = []
+    verified: list[dict] = []
+    for sha, rel in entries:
+        target = model_dir / rel
+        if sizes[rel] is None:
+            reporter.line(f"  MISSING  {rel}")
+            bad.append(rel)
+            continue
+        base = meter.done
+        digests = file_digests(target, on_bytes=_advance(meter, reporter))
+        meter.set_done(base + sizes[rel])
+        if digests.sha256 != sha:
+            reporter.line(f"  BAD      {rel}  (sha256 {digests.sha256[:12]}…, expected {sha[:12]}…)")
+            bad.append(rel)
+            continue
+        reporter.line(f"  ok       {rel}  {human_bytes(digests.size)}")
+        verified.append({"path": rel, "size": digests.size, "sha256": sha, "git_oid": None,
+                         "mtime_ns": target.stat().st_mtime_ns})
+    if bad:
+        raise UserError(f"{len(bad)} of {len(entries)} files failed verification in {model_dir}: "
+                        + ", ".join(bad), code=1)
+    reporter.line(meter.summary())
+    _refresh_stamp(model_dir, verified)
+
+
+def _advance(meter: TotalMeter, reporter: Reporter):
+    """A hashing callback that moves `meter` forward and lets `reporter` show it."""
+    def on_bytes(n: int) -> None:
+        meter.set_done(meter.done + n)
+        reporter.tick(meter)
+    return on_bytes
+
+
+def _refresh_stamp(model_dir: Path, verified: list[dict]) -> None:
+    stamp = read_stamp(model_dir) or {}
+    old = {f["path"]: f for f in stamp.get("files", [])}
+    files = [{**v, "git_oid": old.get(v["path"], {}).get("git_oid")} for v in verified]
+    write_stamp(model_dir, repo=stamp.get("repo"), revision=stamp.get("revision"),
+                commit=stamp.get("commit"), files=files, complete=True)
