@@ -14,4 +14,8 @@ if ! command -v "$PY" >/dev/null 2>&1; then
   echo "setup_env.sh: error: $PY not found; install Python 3.10-3.13 first (Ubuntu: apt-get install python3)" >&2
   exit 2
 fi
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup_env.sh: error: $PY is $("$PY" -V 2>&1); setup needs Python 3.10-3.13 (set PYTHON=/path/to/python3.12)" >&2
+  exit 2
+fi
 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m k26_ddtree.repro.setup "$@"

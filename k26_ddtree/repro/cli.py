@@ -1,5 +1,107 @@
-"""Subcommands of the repro family (being written)."""
+"""Subcommands of the repro family: setup, snapshot, manifest, verify."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.resources import source_root
+
+
+def _default_root() -> Path:
+    return source_root() or Path.cwd()
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from k26_ddtree.repro import setup
+
+    return setup.run_setup(args, source_root())
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from k26_ddtree.repro import snapshot
+
+    root = (args.root or _default_root()).absolute()
+    out = snapshot.take(args.out.absolute() if args.out else None, root)
+    print(f"snapshot: written to {out}")
+    return 0
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    from k26_ddtree.repro import manifest
+
+    root = (args.root or _default_root()).absolute()
+    out = (args.out or root / manifest.MANIFEST_NAME).absolute()
+    for model_dir in args.model_dir:
+        for rel in manifest.copy_model_metadata(root, model_dir):
+            print(f"manifest: copied drafter metadata to {rel}")
+    count = manifest.write(root, out)
+    print(f"manifest: {count} files recorded in {out}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from k26_ddtree.repro import manifest
+
+    root = (args.root or _default_root()).absolute()
+    path = (args.manifest or root / manifest.MANIFEST_NAME).absolute()
+    report = manifest.verify(root, path)
+    for kind, names in (("missing", report.missing), ("changed", report.changed), ("extra", report.extra)):
+        for name in names:
+            print(f"{kind}: {name}")
+    if not report.clean:
+        raise UserError(
+            f"verify failed against {path}: {len(report.changed)} changed, {len(report.missing)} missing, "
+            f"{len(report.extra)} extra (extra = in a covered folder but not in the manifest)", code=1)
+    print(f"verify: OK, {report.checked} files match {path}")
+    return 0
 
 
 def register(sub) -> None:
     """Add this family's subcommands to the k26-deploy parser."""
+    from k26_ddtree.repro import setup
+
+    p = sub.add_parser(
+        "setup", help="install the pinned stack on this machine (CUDA 13.0 + torch 2.11 + sglang 0.5.11)",
+        description=(
+            "Install what k26-ddtree needs on this machine, checking each step first (idempotent). "
+            "GPU box: CUDA 13.0 toolkit from NVIDIA's apt repository when missing or another release, python "
+            "dev headers, aria2, a venv with torch 2.11.0 + sglang 0.5.11 + this toolkit. No GPU: sglang "
+            "0.5.11 sources without their CUDA stack over a CPU torch. Same plan as env/setup_env.sh."))
+    setup.add_arguments(p)
+    p.set_defaults(func=_setup)
+
+    p = sub.add_parser(
+        "snapshot", help="record OS, driver, CUDA, GPUs, python, pip freeze, patch state, unit, profile",
+        description=(
+            "Write env/snapshots/snapshot-<host>-<UTC time>/ (or --out DIR): one file per item and "
+            "index.json with how each was obtained and its status. A missing tool is recorded as "
+            "'not available'; GPU items read 'none' on a machine without GPUs."))
+    p.add_argument("--out", type=Path, default=None, help="folder to create (must not exist)")
+    p.add_argument("--root", type=Path, default=None,
+                   help="repository root whose env/snapshots/ receives it (default: this checkout or cwd)")
+    p.set_defaults(func=_snapshot)
+
+    p = sub.add_parser(
+        "manifest", help="write MANIFEST.sha256 over the reproduction package",
+        description=(
+            "Hash patches/, services/, deploy/profiles/, bench/, env/ and REPRODUCE.md under --root into "
+            "MANIFEST.sha256 (sha256sum format, sorted relative paths, written atomically). "
+            "`sha256sum -c MANIFEST.sha256 --strict` at the root checks it as well as `k26-deploy verify`."))
+    p.add_argument("--root", type=Path, default=None, help="repository root (default: this checkout or cwd)")
+    p.add_argument("--out", type=Path, default=None, help="manifest path (default: ROOT/MANIFEST.sha256)")
+    p.add_argument("--model-dir", type=Path, action="append", default=[],
+                   help="drafter/target model folder whose SHA256SUMS and .k26-model.json are copied to "
+                        "env/models/<name>/ and recorded (repeatable)")
+    p.set_defaults(func=_manifest)
+
+    p = sub.add_parser(
+        "verify", help="check MANIFEST.sha256: missing, changed and extra files (exit 1 on any)",
+        description=(
+            "Compare the files under --root with MANIFEST.sha256. Prints 'missing:', 'changed:' and "
+            "'extra:' lines (extra = a file in a covered folder that the manifest does not list). "
+            "Exit 0 when everything matches, 1 on any mismatch, 2 when the manifest is absent or malformed."))
+    p.add_argument("--root", type=Path, default=None, help="repository root (default: this checkout or cwd)")
+    p.add_argument("--manifest", type=Path, default=None, help="manifest path (default: ROOT/MANIFEST.sha256)")
+    p.set_defaults(func=_verify)

@@ -58,9 +58,12 @@ for name in ("torch", "torchvision", "torchaudio", "sglang", "k26-ddtree"):
     except md.PackageNotFoundError:
         pass
 if "k26-ddtree" in dists:
-    raw = md.distribution("k26-ddtree").read_text("direct_url.json")
+    dist = md.distribution("k26-ddtree")
+    raw = dist.read_text("direct_url.json")
     info = json.loads(raw) if raw else {}
-    if info.get("dir_info", {}).get("editable"):
+    # Only an install inside this environment puts `k26-deploy` into its bin/.
+    inside = os.path.realpath(str(dist.locate_file(""))).startswith(os.path.realpath(sys.prefix) + os.sep)
+    if inside and info.get("dir_info", {}).get("editable"):
         source = info.get("url")
 try:
     import ensurepip
@@ -133,7 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _probe_python(python: str) -> dict:
     out = host.run_tool([python, "-c", _PROBE], timeout=120)
     if not out.ok:
-        raise UserError(f"cannot run {python} to inspect it: {out.output.strip().splitlines()[-1:]}")
+        last = (out.output.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"cannot run {python} to inspect it: {last}")
     try:
         return json.loads(out.output.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
@@ -324,7 +328,7 @@ def _toolkit_step(facts: Facts) -> Step:
 
 def _check_step(facts: Facts, gpu: bool) -> Step:
     python = str(_venv_python(facts.venv))
-    commands = [(python, "-m", "k26_ddtree", "--version")]
+    commands = [(str(facts.venv / "bin" / "k26-deploy"), "--version")]
     if gpu:
         commands.append((python, "-c", 'import torch, sglang; print("torch", torch.__version__, "cuda",'
                                        ' torch.version.cuda, "gpus", torch.cuda.device_count(),'
@@ -348,7 +352,8 @@ def plan(facts: Facts, gpu: bool, cpu_torch_index: str = CPU_TORCH_INDEX) -> lis
 
 def describe(facts: Facts, gpu: bool) -> str:
     if gpu:
-        gpus = f"{len(facts.gpus)} GPU(s): {facts.gpus[0].split(' (UUID')[0]}" if facts.gpus else "GPU forced"
+        first = facts.gpus[0].split(" (UUID")[0].split(": ", 1)[-1] if facts.gpus else ""
+        gpus = f"{len(facts.gpus)}x {first}" if facts.gpus else "GPU forced with --gpu yes"
         driver = f", driver {facts.driver}" if facts.driver else ""
         return f"GPU machine ({gpus}{driver}): CUDA {CUDA_RELEASE} + torch {TORCH} + sglang {SGLANG}"
     return f"no GPU (nvidia-smi lists none): sglang {SGLANG} sources without its CUDA stack, CPU torch"

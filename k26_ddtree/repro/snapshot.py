@@ -98,6 +98,8 @@ def _python_item() -> Item:
 def _patchset_item() -> Item:
     """`k26-deploy apply --check` in a child process: its exit code is the state, whatever it is."""
     item = _from_tool("patchset", [sys.executable, "-m", "k26_ddtree", "apply", "--check"], timeout=300)
+    if "invalid choice: 'apply'" in item.text:
+        return Item(item.name, item.text, item.source, host.NOT_AVAILABLE, item.exit_code)
     if item.status == "failed":
         # A non-zero exit is a state ("applied", "foreign-modified"), not a failure to record.
         return Item(item.name, item.text, item.source, "ok", item.exit_code)
@@ -108,10 +110,18 @@ def _unit_item() -> Item:
     return _from_tool("unit", ["systemctl", "cat", UNIT], timeout=30)
 
 
-def profile_from_unit(unit_text: str) -> str | None:
-    """The profile name a rendered unit records about itself (comment or environment), if any."""
-    match = re.search(r"(?im)^\s*(?:#.*?\bprofile\b\s*[:=]|Environment=\"?K26_PROFILE=)\s*\"?([\w.-]+)", unit_text)
-    return match.group(1) if match else None
+def profile_from_unit(unit_text: str) -> dict | None:
+    """The resolved profile `k26-deploy render` embeds in the unit as one JSON comment line, if any."""
+    from k26_ddtree.deploy.units import PROFILE_MARK
+
+    for line in unit_text.splitlines():
+        if line.startswith(PROFILE_MARK):
+            try:
+                found = json.loads(line[len(PROFILE_MARK):])
+            except json.JSONDecodeError:
+                return None
+            return found if isinstance(found, dict) else None
+    return None
 
 
 def _profile_item(unit: Item) -> Item:
@@ -119,8 +129,9 @@ def _profile_item(unit: Item) -> Item:
         return Item("profile", f"none (no installed {UNIT} unit)\n", "systemctl cat", "none")
     profile = profile_from_unit(unit.text)
     if profile is None:
-        return Item("profile", "unknown (the unit does not name its profile)\n", "systemctl cat", "none")
-    return Item("profile", f"{profile}\n", "systemctl cat", "ok")
+        return Item("profile", "unknown (the unit carries no k26-deploy profile)\n", "systemctl cat", "none")
+    text = f"name: {profile.get('name', 'unknown')}\n{json.dumps(profile, indent=2, sort_keys=True)}\n"
+    return Item("profile", text, "systemctl cat (embedded profile)", "ok")
 
 
 def collect(say=print) -> list[Item]:

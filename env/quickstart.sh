@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# From a fresh clone to a running k26-ddtree service (README's first command).
+#
+#   bash env/quickstart.sh [--profile P] [--venv PATH] [--set KEY=VALUE]...
+#
+# 1. set up the venv (env/setup_env.sh: full CUDA stack on a GPU box, sglang sources only without GPUs)
+# 2. patch the pinned SGLang and verify it (k26-deploy apply)
+# 3. take --profile or the one `k26-deploy detect` suggests (no GPUs: pcie-ep8, for a dry render)
+# 4. render the systemd unit and validate it (k26-deploy render)
+# 5. with GPUs and systemd as PID 1: install it, `systemctl start k26-ddtree` (returns once the
+#    server answers /health_generate) and print its status; otherwise stop here and print the next step.
+#
+# No `set -e`: every step's exit code is checked where it happens, with a message naming the step.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+PROFILE=""
+SETS=()
+
+usage() {
+  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) [ $# -ge 2 ] || { echo "quickstart: error: --profile needs a value" >&2; exit 2; }; PROFILE=$2; shift 2 ;;
+    --profile=*) PROFILE=${1#*=}; shift ;;
+    --venv) [ $# -ge 2 ] || { echo "quickstart: error: --venv needs a path" >&2; exit 2; }; VENV=$2; shift 2 ;;
+    --venv=*) VENV=${1#*=}; shift ;;
+    --set) [ $# -ge 2 ] || { echo "quickstart: error: --set needs KEY=VALUE" >&2; exit 2; }; SETS+=(--set "$2"); shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "quickstart: error: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
+
+K26="$VENV/bin/k26-deploy"
+WORK="$ROOT/.cache/quickstart"
+STEP=0
+
+step() { STEP=$((STEP + 1)); echo; echo "==> [$STEP/$TOTAL] $*"; }
+fail() { echo "quickstart: error: step $STEP: $1" >&2; exit "${2:-1}"; }
+
+HAVE_GPU=no
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  HAVE_GPU=yes
+fi
+HAVE_SYSTEMD=no
+[ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 && HAVE_SYSTEMD=yes
+if [ "$HAVE_GPU" = yes ] && [ "$HAVE_SYSTEMD" = yes ]; then TOTAL=6; else TOTAL=5; fi
+
+echo "k26-ddtree quick start (repository $ROOT)"
+echo "  GPUs: $HAVE_GPU   systemd as PID 1: $HAVE_SYSTEMD   venv: $VENV"
+echo "Plan:"
+echo "  1. Set up the venv and the pinned stack        bash env/setup_env.sh --venv $VENV"
+echo "  2. Patch the pinned SGLang and verify it       k26-deploy apply; k26-deploy apply --check"
+echo "  3. Choose the hardware profile                 ${PROFILE:+--profile $PROFILE}${PROFILE:-k26-deploy detect (no GPUs: pcie-ep8)}"
+echo "  4. Render and validate the systemd unit        k26-deploy render --profile P --allow-missing-model"
+if [ "$HAVE_GPU" = yes ] && [ "$HAVE_SYSTEMD" = yes ]; then
+  echo "  5. Install the unit and start the service      k26-deploy install; systemctl start k26-ddtree"
+  echo "  6. Show the service status                     k26-deploy status"
+else
+  echo "  5. Stop after validation (install and start need GPUs and systemd); print the next step"
+fi
+
+step "Set up the venv and the pinned stack"
+bash "$ROOT/env/setup_env.sh" --venv "$VENV" || fail "setup failed (its last lines above say which step)"
+[ -x "$K26" ] || fail "setup finished but $K26 is missing"
+
+step "Patch the pinned SGLang and verify it"
+"$K26" apply || fail "k26-deploy apply failed; nothing was half-applied (see its message above)"
+"$K26" apply --check || fail "the patch set is not in place after apply (k26-deploy apply --check above)"
+
+step "Choose the hardware profile"
+mkdir -p "$WORK" || fail "cannot create $WORK"
+# detect prints the profile name on stdout and its reasoning on stderr; with --profile it
+# checks that profile and notes when the GPUs suggest another.
+DETECTED=$("$K26" detect ${PROFILE:+--profile "$PROFILE"} 2>"$WORK/detect.log")
+DETECT_RC=$?
+sed 's/^k26-deploy: \(error: \)\{0,1\}/  detect: /' "$WORK/detect.log"
+if [ -n "$PROFILE" ]; then
+  [ $DETECT_RC -eq 0 ] || fail "profile $PROFILE is not usable (reason above)" 2
+  echo "profile $PROFILE (from --profile)"
+elif [ $DETECT_RC -eq 0 ] && [ -n "$DETECTED" ]; then
+  PROFILE=$DETECTED
+  echo "profile $PROFILE (suggested by k26-deploy detect)"
+elif [ "$HAVE_GPU" = no ]; then
+  PROFILE=pcie-ep8
+  echo "no GPUs here: using profile $PROFILE for a dry render only (pass --profile to choose another)"
+else
+  fail "k26-deploy detect suggests no profile for these GPUs (reason above); rerun with --profile P" 2
+fi
+
+step "Render and validate the systemd unit"
+UNIT_FILE="$WORK/k26-ddtree.$(basename "$PROFILE" .yaml).service"
+"$K26" render --profile "$PROFILE" --allow-missing-model "${SETS[@]}" > "$UNIT_FILE.tmp" \
+  || { rm -f "$UNIT_FILE.tmp"; fail "k26-deploy render failed (message above)"; }
+mv "$UNIT_FILE.tmp" "$UNIT_FILE" || fail "cannot write $UNIT_FILE"
+echo "unit rendered and validated: $UNIT_FILE"
+
+if [ "$HAVE_GPU" != yes ] || [ "$HAVE_SYSTEMD" != yes ]; then
+  step "Stop after validation and print the next step"
+  ORIGIN=$(git -C "$ROOT" remote get-url origin 2>/dev/null || echo "<this repository>")
+  if [ "$HAVE_GPU" != yes ]; then
+    echo "Stopped after validation: no NVIDIA GPU here (nvidia-smi lists none), so nothing was installed or started."
+  else
+    echo "Stopped after validation: systemd is not PID 1 here (a container?), so the unit cannot be installed."
+  fi
+  echo
+  echo "NEXT STEP, on the GPU box (8x RTX PRO 6000 or 8x B300, Ubuntu 24.04, systemd):"
+  echo "  git clone $ORIGIN k26-ddtree && cd k26-ddtree"
+  echo "  sudo bash env/setup_env.sh             # CUDA 13.0 toolkit, torch 2.11.0, sglang 0.5.11 in .venv"
+  echo "  .venv/bin/k26-deploy fetch-model --dest /models/Kimi-K2.6 --drafter <DFlash drafter repo> \\"
+  echo "      --drafter-dest /models/Kimi-K2.6-DFlash   # the weights (REPRODUCE.md step 4)"
+  echo "  sudo bash env/quickstart.sh --profile $PROFILE${SETS[*]:+ ${SETS[*]}}"
+  echo "Full walk-through with expected output and times: REPRODUCE.md"
+  exit 0
+fi
+
+step "Install the unit and start the service"
+"$K26" install --profile "$PROFILE" "${SETS[@]}" \
+  || fail "k26-deploy install failed (message above; weights missing? see REPRODUCE.md step 4: k26-deploy fetch-model)"
+echo "systemctl start k26-ddtree (returns when /health_generate answers 200; weight load takes minutes)"
+systemctl start k26-ddtree \
+  || fail "k26-ddtree did not become ready; see: journalctl -u k26-ddtree -n 200 --no-pager"
+
+step "Show the service status"
+"$K26" status || fail "k26-deploy status failed although the service started"
+echo
+echo "k26-ddtree is up. Next: k26-deploy bench --help, k26-deploy reconfigure --budget N --topk K"
+exit 0
