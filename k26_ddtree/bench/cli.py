@@ -1,5 +1,305 @@
-"""Subcommands of the bench family (being written)."""
+"""`k26-deploy bench [run|eval|report|sweep]`: benchmark a running server and report on it.
+
+`k26-deploy bench` with no subcommand is `bench run`. Heavy modules (httpx,
+matplotlib, yaml) are imported inside the handlers so `k26-deploy --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+DEFAULT_URL = "http://127.0.0.1:30000"
+DEFAULT_CONTEXTS = "60,1024,4096,8192"
+DEFAULT_CONCURRENCY = "1,8,32,64,128"
+DEFAULT_RECONFIGURE = "{python} -m k26_ddtree reconfigure --budget {budget} --topk {topk}"
+
+RESULTS_HELP = (
+    "Results: one JSON file holds {'schema', 'runs': [...]}; each run records the server's "
+    "/server_info args (secrets redacted), profile, budget/topk, git SHA, snapshot id, settings, "
+    "one object per (context, concurrency) cell and the coding eval. --out appends to an existing "
+    "file, and the file is rewritten atomically after every cell, so Ctrl-C keeps what finished. "
+    "Schema: bench/results/README.md."
+)
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """'1,8,32' -> (1, 8, 32); positive integers only."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def default_out() -> Path:
+    return Path(f"k26-bench-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json")
+
+
+def _add_server_args(p: argparse.ArgumentParser, record_config: bool = True) -> None:
+    g = p.add_argument_group("server and run record")
+    g.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
+    g.add_argument("--api-key-file", help="file holding the server's API key, sent as 'Authorization: Bearer'; "
+                                          "else $K26_API_KEY; never printed or stored")
+    g.add_argument("--out", type=Path,
+                   help="results JSON to create or append to (default ./k26-bench-<UTC time>.json)")
+    g.add_argument("--label", help="name of this run in reports (default from the server: AR, DFLASH, DDTREE b8 k4)")
+    g.add_argument("--profile", default=os.environ.get("K26_PROFILE"),
+                   help="deploy profile name to record ($K26_PROFILE)")
+    if record_config:
+        g.add_argument("--budget", type=positive_int, help="DDTree budget to record (default: the server's own arg)")
+        g.add_argument("--topk", type=positive_int, help="DDTree top-K to record (default: the server's own arg)")
+    g.add_argument("--snapshot-id", default=os.environ.get("K26_SNAPSHOT_ID"),
+                   help="environment snapshot id to record ($K26_SNAPSHOT_ID)")
+    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    g.add_argument("--ready-timeout", type=float, default=60.0,
+                   help="seconds to wait for /health_generate before starting (default 60)")
+    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _add_matrix_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("matrix")
+    g.add_argument("--contexts", type=int_list, default=int_list(DEFAULT_CONTEXTS),
+                   help=f"prompt lengths in tokens (default {DEFAULT_CONTEXTS})")
+    g.add_argument("--concurrency", type=int_list, default=int_list(DEFAULT_CONCURRENCY),
+                   help=f"concurrency levels (default {DEFAULT_CONCURRENCY})")
+    g.add_argument("--output-len", type=positive_int, default=256, help="tokens generated per request (default 256)")
+    g.add_argument("--requests", type=positive_int, help="requests per cell (default max(8, 2*C))")
+    g.add_argument("--warmup", type=int, default=2,
+                   help="warm-up requests before each cell, not measured (default 2)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="stop at EOS (default: ignore_eos, every request generates --output-len tokens)")
+    g.add_argument("--seed", type=int, default=0, help="prompt seed: same seed, same prompts (default 0)")
+    g.add_argument("--id-range", default="1000:30000",
+                   help="token ids of random-ids prompts, LOW:HIGH (default 1000:30000)")
+    g.add_argument("--prompt-file", type=Path,
+                   help="take prompts from windows of this text file instead of random ids "
+                        "(a word per token unless --tokenizer is given)")
+    g.add_argument("--tokenizer", help="tokenizer (path or name) to cut --prompt-file windows of exact token length")
+    g.add_argument("--eval", action="store_true", help="also run the coding eval after the matrix")
+
+
+def _add_eval_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("coding eval")
+    g.add_argument("--eval-endpoints", default="chat,generate", help="chat, generate or both (default chat,generate)")
+    g.add_argument("--eval-max-tokens", type=positive_int, default=4096,
+                   help="max new tokens per answer, reasoning included (default 4096)")
+    g.add_argument("--eval-temperature", type=float, default=0.0, help="temperature for the eval (default 0)")
+    g.add_argument("--eval-concurrency", type=positive_int, default=4, help="eval requests in flight (default 4)")
+    g.add_argument("--eval-test-timeout", type=float, default=10.0,
+                   help="seconds per sandboxed test run (default 10)")
+    g.add_argument("--eval-tokenizer",
+                   help="chat template for /generate prompts (default: the server's tokenizer path if it is local)")
+    g.add_argument("--tasks", type=Path, help="task file (default: the built-in bench/coding_tasks.yaml)")
+    g.add_argument("--task", action="append", help="run only this task id (repeatable)")
+
+
+def _add_run_args(p: argparse.ArgumentParser, record_config: bool = True) -> None:
+    _add_server_args(p, record_config)
+    _add_matrix_args(p)
+    _add_eval_args(p)
+
+
+def _eval_settings(args):
+    from k26_ddtree.bench.coding_eval import EvalSettings
+    from k26_ddtree.bench.tasks import load_tasks
+
+    return EvalSettings(
+        tasks=tuple(load_tasks(args.tasks, args.task)),
+        endpoints=tuple(e.strip() for e in args.eval_endpoints.split(",") if e.strip()),
+        max_tokens=args.eval_max_tokens,
+        temperature=args.eval_temperature,
+        concurrency=args.eval_concurrency,
+        test_timeout_s=args.eval_test_timeout,
+        tokenizer=args.eval_tokenizer,
+    )
+
+
+def _run_options(args, with_matrix: bool, with_eval: bool):
+    from k26_ddtree.bench.client import read_api_key
+    from k26_ddtree.bench.harness import MatrixSettings
+    from k26_ddtree.bench.prompts import PromptSource, parse_id_range
+    from k26_ddtree.bench.runner import RunOptions
+    from k26_ddtree.errors import UserError
+
+    matrix = prompts = None
+    if with_matrix:
+        if args.warmup < 0:
+            raise UserError("--warmup must be 0 or more")
+        if args.tokenizer and not args.prompt_file:
+            raise UserError("--tokenizer only applies to --prompt-file (random-ids prompts need no tokenizer)")
+        low, high = parse_id_range(args.id_range)
+        matrix = MatrixSettings(
+            contexts=args.contexts,
+            concurrencies=args.concurrency,
+            output_len=args.output_len,
+            requests_per_cell=args.requests,
+            warmup=args.warmup,
+            temperature=args.temperature,
+            ignore_eos=args.ignore_eos,
+        )
+        prompts = PromptSource(
+            seed=args.seed, id_low=low, id_high=high, text_file=args.prompt_file, tokenizer=args.tokenizer
+        )
+    return RunOptions(
+        url=args.url,
+        api_key=read_api_key(args.api_key_file),
+        out=args.out or default_out(),
+        label=args.label,
+        profile=args.profile,
+        budget=getattr(args, "budget", None),
+        topk=getattr(args, "topk", None),
+        snapshot_id=args.snapshot_id,
+        request_timeout_s=args.request_timeout,
+        ready_timeout_s=args.ready_timeout,
+        quiet=args.quiet,
+        matrix=matrix,
+        prompts=prompts,
+        coding_eval=_eval_settings(args) if with_eval else None,
+    )
+
+
+def _outcome(run: dict, out: Path) -> int:
+    """Exit 0 for a clean run, 1 when any request failed (the cells are marked in the file)."""
+    bad_cells = [c for c in run["cells"] if c["has_errors"]]
+    evaluation = run.get("coding_eval") or {}
+    eval_errors = sum(e["request_errors"] for e in evaluation.get("endpoints", {}).values())
+    print(f"bench: results in {out}", file=sys.stderr)
+    if bad_cells or eval_errors:
+        print(
+            f"bench: {len(bad_cells)} cell(s) and {eval_errors} eval request(s) had failed requests "
+            f"(marked has_errors / request_errors in {out})",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _execute(options) -> int:
+    from k26_ddtree.bench.runner import execute_run
+
+    try:
+        run = execute_run(options)
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; finished cells are in {options.out}", file=sys.stderr)
+        return 130
+    return _outcome(run, options.out)
+
+
+def handle_run(args) -> int:
+    return _execute(_run_options(args, with_matrix=True, with_eval=args.eval))
+
+
+def handle_eval(args) -> int:
+    return _execute(_run_options(args, with_matrix=False, with_eval=True))
+
+
+def handle_report(args) -> int:
+    from k26_ddtree.bench.report import render_report
+    from k26_ddtree.bench.results import load_results
+
+    runs = [run for path in args.results for run in load_results(path)["runs"]]
+    written = render_report(runs, args.out)
+    for path in written:
+        print(path)
+    return 0
+
+
+def handle_sweep(args) -> int:
+    from k26_ddtree.bench.sweep import SweepPlan, run_sweep
+
+    plan = SweepPlan(
+        budgets=args.budgets,
+        topks=args.topks,
+        reconfigure_cmd=args.reconfigure_cmd,
+        reconfigure_timeout_s=args.reconfigure_timeout,
+    )
+    return run_sweep(plan, _run_options(args, with_matrix=True, with_eval=args.eval))
 
 
 def register(sub) -> None:
-    """Add this family's subcommands to the k26-deploy parser."""
+    """Add `bench` and its subcommands to the k26-deploy parser."""
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark the running server (context x concurrency matrix, coding eval, report, sweep)",
+        description=(
+            "Benchmark a running SGLang server: for every (context, concurrency) cell, flush the cache, "
+            "send N streamed /generate requests and record output tok/s, per-request tok/s, TTFT, ITL, TPOT "
+            "and acceptance length (sum completion_tokens / sum spec_verify_ct beside the server's "
+            "avg_spec_accept_length). With no subcommand this is `bench run`. " + RESULTS_HELP
+        ),
+    )
+    _add_run_args(bench)
+    bench.set_defaults(func=handle_run)
+    actions = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+
+    run = actions.add_parser("run", help="run the matrix (the default)", description=bench.description)
+    _add_run_args(run)
+    run.set_defaults(func=handle_run)
+
+    evaluation = actions.add_parser(
+        "eval",
+        help="coding-correctness eval only",
+        description=(
+            "Send each built-in coding task through /v1/chat/completions and /generate, extract the code "
+            "(the last fenced block after the last reasoning-end marker </think> or ◁/think▷; code inside "
+            "the reasoning never counts; cut-off reasoning gives no code), run the hidden unit tests in a "
+            "sandbox (own process, temp dir, rlimits, no network) and report pass@1 per task and tok/s. "
+            + RESULTS_HELP
+        ),
+    )
+    _add_server_args(evaluation)
+    _add_eval_args(evaluation)
+    evaluation.set_defaults(func=handle_eval)
+
+    report = actions.add_parser(
+        "report",
+        help="markdown table and PNG plots from results files",
+        description=(
+            "Render report.md and PNG plots (tok/s vs concurrency per context, acceptance per cell, "
+            "per-request tok/s at C=1) from one or more results files; several runs (AR, DFLASH, DDTREE "
+            "b8/b16, ...) are shown side by side with the best config per concurrency."
+        ),
+    )
+    report.add_argument("results", nargs="+", type=Path, metavar="RUN.json", help="results files from bench run/sweep")
+    report.add_argument("--out", type=Path, default=Path("bench-report"), help="output folder (default ./bench-report)")
+    report.set_defaults(func=handle_report)
+
+    sweep = actions.add_parser(
+        "sweep",
+        help="reconfigure + bench for every (budget, topk), then the winner per concurrency",
+        description=(
+            "For every (budget, topk) pair run the reconfigure command (default: `k26-deploy reconfigure "
+            "--budget B --topk K`, which restarts the service and rolls back on failure), wait for health, "
+            "run the matrix, and append the run to --out. Ends with a table of the best config per "
+            "concurrency (also written next to --out as .sweep.md). " + RESULTS_HELP
+        ),
+    )
+    sweep.add_argument("--budget", dest="budgets", type=int_list, required=True, metavar="B,B,...",
+                       help="DDTree budgets to try, e.g. 4,8,16")
+    sweep.add_argument("--topk", dest="topks", type=int_list, required=True, metavar="K,K,...",
+                       help="DDTree top-K values to try, e.g. 4,8")
+    sweep.add_argument("--reconfigure-cmd", default=DEFAULT_RECONFIGURE,
+                       help="command template run per config; {python}, {budget}, {topk} are filled in "
+                            f"(default: {DEFAULT_RECONFIGURE!r})")
+    sweep.add_argument("--reconfigure-timeout", type=float, default=1800.0,
+                       help="seconds per reconfigure (default 1800)")
+    _add_run_args(sweep, record_config=False)
+    sweep.set_defaults(func=handle_sweep)

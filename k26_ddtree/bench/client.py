@@ -60,6 +60,12 @@ class ChatRecord:
     latency_s: float = 0.0
 
 
+def _exception_text(err: Exception) -> str:
+    """httpx transport errors often have an empty message; name what lies under them."""
+    detail = str(err) or repr(err.__cause__ or err.__context__ or "")
+    return f"{type(err).__name__}: {detail}"[:200]
+
+
 def _error_text(response: httpx.Response, body: bytes) -> str:
     snippet = body.decode(errors="replace").strip().replace("\n", " ")
     return f"HTTP {response.status_code}: {snippet[:200]}"
@@ -152,8 +158,12 @@ class ServerClient:
             await asyncio.sleep(0.5)
         raise UserError(f"{self.base_url}/flush_cache failed {attempts} times (last: {last})")
 
-    async def generate(self, payload: dict) -> GenerateRecord:
-        """POST /generate with streaming; time the first token and the gaps between chunks."""
+    async def generate(self, payload: dict, incremental_text: bool = False) -> GenerateRecord:
+        """POST /generate with streaming; time the first token and the gaps between chunks.
+
+        Chunks carry the whole text so far, or only the new piece when the
+        server runs with --incremental-streaming-output (`incremental_text`).
+        """
         payload = {**payload, "stream": True}
         start = time.perf_counter()
         record = GenerateRecord(ok=False)
@@ -184,10 +194,12 @@ class ServerClient:
                         last_chunk_at = now
                     record.completion_tokens = tokens
                     record.prompt_tokens = int(meta.get("prompt_tokens") or record.prompt_tokens)
-                    record.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
-                    record.text = chunk.get("text", record.text)
+                    # Cumulative per request; a chunk without it must not reset the count.
+                    record.spec_verify_ct = max(record.spec_verify_ct, int(meta.get("spec_verify_ct") or 0))
+                    piece = chunk.get("text") or ""
+                    record.text = record.text + piece if incremental_text else (piece or record.text)
         except (httpx.HTTPError, json.JSONDecodeError, ValueError) as err:
-            record.error = f"{type(err).__name__}: {err}"[:200]
+            record.error = _exception_text(err)
             return record
         record.latency_s = time.perf_counter() - start
         if record.completion_tokens == 0:
@@ -206,7 +218,7 @@ class ServerClient:
             body = response.json()
             message = body["choices"][0]["message"]
         except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
-            return ChatRecord(ok=False, error=f"{type(err).__name__}: {err}"[:200])
+            return ChatRecord(ok=False, error=_exception_text(err))
         usage = body.get("usage") or {}
         return ChatRecord(
             ok=True,

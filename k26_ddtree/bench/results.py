@@ -21,7 +21,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.resources import source_root
 
 SCHEMA = "k26-ddtree-bench/1"
-_SECRET_KEY = re.compile(r"(api_key|token|secret|password)", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(api[-_]?key|password|secret|(^|[-_])token$)", re.IGNORECASE)
 
 
 def utc_now() -> str:
@@ -46,6 +46,23 @@ def git_sha() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def _scrub_argv(items: list) -> list:
+    """Command lines: redact the value after (or in) a secret-looking flag."""
+    out, hide_next = [], False
+    for item in items:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+            continue
+        flag, equals, _ = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if flag.startswith("-") and _SECRET_KEY.search(flag):
+            out.append(f"{flag}=<redacted>" if equals else item)
+            hide_next = not equals
+            continue
+        out.append(scrub_secrets(item))
+    return out
+
+
 def scrub_secrets(value):
     """Copy of server_info with every key-like field redacted: result files get shared."""
     if isinstance(value, dict):
@@ -54,7 +71,7 @@ def scrub_secrets(value):
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [scrub_secrets(v) for v in value]
+        return _scrub_argv(value)
     return value
 
 
@@ -81,17 +98,21 @@ def load_results(path: Path) -> dict:
     return document
 
 
-def write_json_atomic(path: Path, document: dict) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder, then os.replace: never half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(document, handle, indent=1, sort_keys=False)
-            handle.write("\n")
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, document: dict) -> None:
+    write_text_atomic(path, json.dumps(document, indent=1) + "\n")
 
 
 class RunWriter:

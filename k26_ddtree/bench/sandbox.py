@@ -13,6 +13,7 @@ Layers, each recorded in the eval's `sandbox` note:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import resource
@@ -95,11 +96,24 @@ class SandboxResult:
     duration_s: float
 
 
-def _works(argv: list[str]) -> bool:
-    try:
-        return subprocess.run(argv + ["-c", "pass"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+@contextlib.contextmanager
+def _workdir(shared: bool):
+    """A fresh temp dir; `shared` opens it to uid nobody (the dir only: its files stay root's)."""
+    with tempfile.TemporaryDirectory(prefix="k26-sandbox-") as path:
+        if shared:
+            os.chmod(path, 0o777)
+        yield Path(path)
+
+
+def _works(argv: list[str], shared: bool) -> bool:
+    """Can this prefix start the interpreter in a sandbox dir and write there?"""
+    probe = "open('probe', 'w').write('ok')"
+    with _workdir(shared) as work:
+        try:
+            done = subprocess.run(argv + ["-c", probe], cwd=work, capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0 and (work / "probe").is_file()
 
 
 def python_command() -> list[str]:
@@ -114,16 +128,16 @@ def detect_isolation() -> Isolation:
     python = python_command()
     if unshare and os.geteuid() == 0:
         as_nobody = [unshare, "--net", "--setgid", str(NOBODY), "--setuid", str(NOBODY), "--"]
-        if _works(as_nobody + python):
+        if _works(as_nobody + python, shared=True):
             return Isolation(tuple(as_nobody), "network namespace (unshare --net), uid nobody, audit hook", True)
-        if _works([unshare, "--net", "--"] + python):
+        if _works([unshare, "--net", "--"] + python, shared=False):
             return Isolation(
                 (unshare, "--net", "--"),
                 "network namespace (unshare --net); uid nobody cannot run this interpreter, so writes "
                 "outside the temp dir are refused by the audit hook",
                 False,
             )
-    if unshare and _works([unshare, "-rn", "--"] + python):
+    if unshare and _works([unshare, "-rn", "--"] + python, shared=False):
         return Isolation((unshare, "-rn", "--"), "network namespace (unshare -rn), audit hook", False)
     return Isolation((), "no network namespace available: sockets refused by the audit hook only", False)
 
@@ -152,15 +166,10 @@ def run_tests(code: str, tests: str, timeout_s: float = 10.0, memory_mb: int = 1
     isolation = detect_isolation()
     nonce = secrets.token_hex(16)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="k26-sandbox-") as workdir:
-        work = Path(workdir)
-        (work / "solution.py").write_text(code)
-        (work / "tests.py").write_text(tests)
-        (work / "runner.py").write_text(RUNNER)
-        if isolation.setuid_nobody:
-            os.chmod(work, 0o777)
-            for name in ("solution.py", "tests.py", "runner.py"):
-                os.chmod(work / name, 0o644)
+    with _workdir(isolation.setuid_nobody) as work:
+        for name, text in (("solution.py", code), ("tests.py", tests), ("runner.py", RUNNER)):
+            (work / name).write_text(text)
+            os.chmod(work / name, 0o644)
         argv = [*isolation.prefix, *python_command(), "runner.py"]
         proc = subprocess.Popen(
             argv,

@@ -10,7 +10,16 @@ tooling relies on:
 - native /generate returns meta_info with completion_tokens, spec_verify_ct,
   spec_accept_length (acceptance STANDIN_ACCEPT, default 4.0) and streams SSE;
 - /server_info carries the parsed server args, the pid and avg_spec_accept_length;
-- /flush_cache, /v1/models, /v1/chat/completions.
+- /flush_cache (counted in /server_info standin_flush_count), /v1/models, /v1/chat/completions.
+
+Benchmark tests: STANDIN_ERROR_EVERY=N answers HTTP 500 to every Nth /generate
+(counted over the server's life, warm-ups included). STANDIN_REPLIES_FILE names a
+JSON object {"substring": "reply text", ...}: a chat message or /generate text
+prompt containing a substring gets that reply (first match in file order), for
+both /v1/chat/completions and /generate (a token is a word of the reply; streamed
+chunks carry the text so far, or only the new words with --incremental-streaming-output).
+STANDIN_REASONING_PARSER=1 imitates --reasoning-parser: chat replies are split
+at the last </think> into reasoning_content and content (no </think>: all reasoning).
 
 Failure modes for rollback tests: STANDIN_FAIL=start exits 1 after loading;
 STANDIN_FAIL=health serves but never becomes healthy. STANDIN_FAIL_BUDGET=N
@@ -24,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -42,6 +52,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--speculative-ddtree-budget", type=int, default=None)
     p.add_argument("--speculative-ddtree-topk", type=int, default=None)
+    p.add_argument("--incremental-streaming-output", action="store_true")
     return p.parse_known_args(argv)
 
 
@@ -58,10 +69,27 @@ class State:
         self.lock = threading.Lock()
         self.sum_tokens = 0
         self.sum_verify = 0
+        self.flushes = 0
+        self.error_every = int(os.environ.get("STANDIN_ERROR_EVERY", "0"))
+        self.generate_calls = 0
+        replies_file = os.environ.get("STANDIN_REPLIES_FILE")
+        self.replies = json.loads(open(replies_file).read()) if replies_file else {}
+        self.reasoning_parser = os.environ.get("STANDIN_REASONING_PARSER") == "1"
         self.chat_reply = os.environ.get(
             "STANDIN_CHAT_REPLY",
             "<think>Reasoning about the task.</think>Here is the code:\n```python\nprint('ok')\n```\n",
         )
+
+    def reply_for(self, prompt: str) -> str | None:
+        for key, reply in self.replies.items():
+            if key in prompt:
+                return reply
+        return None
+
+    def inject_error(self) -> bool:
+        with self.lock:
+            self.generate_calls += 1
+            return bool(self.error_every) and self.generate_calls % self.error_every == 0
 
     def model_name(self) -> str:
         return self.args.served_model_name or self.args.model_path
@@ -130,6 +158,7 @@ def make_handler(state: State):
                         "pid": os.getpid(),
                         "version": "stand-in",
                         "internal_states": [{"avg_spec_accept_length": state.avg_accept()}],
+                        "standin_flush_count": state.flushes,
                     }
                 )
                 self._json(200, info)
@@ -144,6 +173,7 @@ def make_handler(state: State):
             if path == "/flush_cache":
                 with state.lock:
                     state.sum_tokens = state.sum_verify = 0
+                    state.flushes += 1
                 self._json(200, {"success": True})
             elif path == "/generate":
                 self._generate(body)
@@ -153,17 +183,29 @@ def make_handler(state: State):
                 self._json(404, {"error": "not found"})
 
         def _generate(self, body: dict) -> None:
+            if state.inject_error():
+                self._json(500, {"error": {"message": "injected error (STANDIN_ERROR_EVERY)"}})
+                return
             sp = body.get("sampling_params") or {}
             n_out = int(sp.get("max_new_tokens", 16))
+            reply = state.reply_for(str(body.get("text", "")))
+            # A token is a word of the reply (whitespace kept), or " tok".
+            pieces = re.findall(r"\s*\S+\s*", reply) if reply is not None else None
+            if pieces is not None:
+                n_out = max(1, len(pieces))
+            incremental = state.args.incremental_streaming_output
             prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(str(body.get("text", "")).split())
             steps = max(1, math.ceil(n_out / state.accept)) if n_out else 0
             step_s = state.accept / state.tokens_per_s
             rid = f"standin-{time.monotonic_ns()}"
             start = time.monotonic()
 
-            def chunk(done: int, verify: int, final: bool) -> dict:
+            def text(first: int, last: int) -> str:
+                return "".join(pieces[first:last]) if pieces is not None else " tok" * (last - first)
+
+            def chunk(done: int, verify: int, final: bool, sent: int = 0) -> dict:
                 return {
-                    "text": " tok" * done,
+                    "text": text(sent if incremental else 0, done),
                     "output_ids": [7] * done,
                     "meta_info": {
                         "id": rid,
@@ -188,8 +230,8 @@ def make_handler(state: State):
             done = 0
             for verify in range(1, steps + 1):
                 time.sleep(step_s)
-                done = min(n_out, done + math.ceil(state.accept))
-                self.wfile.write(f"data: {json.dumps(chunk(done, verify, verify == steps))}\n\n".encode())
+                sent, done = done, min(n_out, done + math.ceil(state.accept))
+                self.wfile.write(f"data: {json.dumps(chunk(done, verify, verify == steps, sent))}\n\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -197,8 +239,17 @@ def make_handler(state: State):
             self.close_connection = True
 
         def _chat(self, body: dict) -> None:
-            reply = state.chat_reply
+            messages = body.get("messages") or [{}]
+            reply = state.reply_for(str(messages[-1].get("content", "")))
+            reply = state.chat_reply if reply is None else reply
             n_out = max(1, len(reply.split()))
+            message = {"role": "assistant", "content": reply}
+            if state.reasoning_parser:
+                reasoning, marker, answer = reply.rpartition("</think>")
+                if marker:
+                    message = {"role": "assistant", "reasoning_content": reasoning.replace("<think>", ""), "content": answer}
+                else:
+                    message = {"role": "assistant", "reasoning_content": reply.replace("<think>", ""), "content": None}
             self._json(
                 200,
                 {
@@ -206,13 +257,18 @@ def make_handler(state: State):
                     "object": "chat.completion",
                     "model": state.model_name(),
                     "choices": [
-                        {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}
+                        {"index": 0, "message": message, "finish_reason": "stop"}
                     ],
                     "usage": {"prompt_tokens": 1, "completion_tokens": n_out, "total_tokens": n_out + 1},
                 },
             )
 
     return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    # The default listen backlog (5) drops connections when a benchmark opens 128 at once.
+    request_queue_size = 256
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     state = State(args, extra, argv)
     state.never_healthy = fail == "health"
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+    server = _Server((args.host, args.port), make_handler(state))
     server.daemon_threads = True
     state.bound_at = time.monotonic()
     print(f"stand-in sglang: serving on {args.host}:{args.port}", flush=True)

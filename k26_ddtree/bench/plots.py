@@ -1,0 +1,133 @@
+"""PNG plots for `bench report` (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+DPI = 120
+
+
+def _color(index: int):
+    """One color per run across every panel and plot."""
+    return plt.get_cmap("tab10")(index % 10)
+
+
+def _save(fig, path: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=DPI, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _contexts(runs: list[dict]) -> list[int]:
+    return sorted({c["context"] for r in runs for c in r["cells"]})
+
+
+def throughput_plot(runs: list[dict], names: list[str], path: Path) -> Path:
+    """Output tok/s vs concurrency, one panel per context, one line per run."""
+    contexts = _contexts(runs)
+    columns = min(len(contexts), 2)
+    rows = math.ceil(len(contexts) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6.4 * columns, 4.2 * rows), squeeze=False)
+    for ax, ctx in zip(axes.flat, contexts):
+        for index, (name, run) in enumerate(zip(names, runs)):
+            cells = sorted((c for c in run["cells"] if c["context"] == ctx and c["output_tok_s"] is not None),
+                           key=lambda c: c["concurrency"])
+            if not cells:
+                continue
+            xs = [c["concurrency"] for c in cells]
+            ax.plot(xs, [c["output_tok_s"] for c in cells], marker="o", label=name, color=_color(index))
+            bad = [c for c in cells if c["has_errors"]]
+            if bad:
+                ax.scatter([c["concurrency"] for c in bad], [c["output_tok_s"] for c in bad],
+                           marker="x", s=90, color="red", zorder=5)
+        levels = sorted({c["concurrency"] for r in runs for c in r["cells"] if c["context"] == ctx})
+        if len(levels) > 1:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(v) for v in levels])
+        ax.set_title(f"context {ctx} tokens")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tok/s")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(contexts):]:
+        ax.set_visible(False)
+    fig.suptitle("Output throughput vs concurrency (red x: cell with errors)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _grouped_bars(keys: list[tuple[int, int]], names: list[str], runs: list[dict], value):
+    """Per run: (name, x positions, values, bar width, color) for bars grouped by cell key."""
+    width = 0.8 / max(1, len(runs))
+    for index, (name, run) in enumerate(zip(names, runs)):
+        cells = {(c["context"], c["concurrency"]): c for c in run["cells"]}
+        xs, ys = [], []
+        for position, key in enumerate(keys):
+            v = value(cells[key]) if key in cells else None
+            if v is not None:
+                xs.append(position + (index - (len(runs) - 1) / 2) * width)
+                ys.append(v)
+        yield name, xs, ys, width, _color(index)
+
+
+def acceptance_plot(runs: list[dict], names: list[str], path: Path) -> Path:
+    """Acceptance length per cell: bars from meta_info, black ticks for the server's average."""
+    keys = sorted({(c["context"], c["concurrency"]) for r in runs for c in r["cells"]})
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.55 * len(keys) * max(1, len(runs)) + 2), 4.4))
+    for name, xs, ys, width, color in _grouped_bars(keys, names, runs, lambda c: c["accept_length"]):
+        ax.bar(xs, ys, width=width, label=name, color=color)
+    server_label = "server avg_spec_accept_length"
+    for _, xs, ys, _, _ in _grouped_bars(keys, names, runs, lambda c: c["server_avg_spec_accept_length"]):
+        ax.scatter(xs, ys, marker="_", s=260, color="black", linewidths=2, label=server_label, zorder=5)
+        server_label = None
+    ax.set_xticks(range(len(keys)), [f"{ctx}/C{conc}" for ctx, conc in keys], rotation=45, ha="right")
+    ax.set_xlabel("context / concurrency")
+    ax.set_ylabel("accepted tokens per verify step")
+    ax.set_title("Acceptance length per cell (sum completion_tokens / sum spec_verify_ct)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def single_user_plot(runs: list[dict], names: list[str], path: Path) -> Path:
+    """Per-request tok/s at the lowest concurrency (C=1 in the default matrix) per context."""
+    lowest = min(c["concurrency"] for r in runs for c in r["cells"])
+    keys = sorted({(c["context"], lowest) for r in runs for c in r["cells"] if c["concurrency"] == lowest})
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.6 * len(keys) * max(1, len(runs)) + 2), 4.2))
+    for name, xs, ys, width, color in _grouped_bars(keys, names, runs, lambda c: c["request_tok_s"]["mean"]):
+        ax.bar(xs, ys, width=width, label=name, color=color)
+    ax.set_xticks(range(len(keys)), [str(ctx) for ctx, _ in keys])
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("tok/s per request")
+    ax.set_title(f"Single-stream speed: per-request tok/s at C={lowest}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def write_plots(runs: list[dict], names: list[str], out_dir: Path) -> list[Path]:
+    written = [
+        throughput_plot(runs, names, out_dir / "throughput.png"),
+        single_user_plot(runs, names, out_dir / "single_stream.png"),
+    ]
+    if any(c["accept_length"] is not None for r in runs for c in r["cells"]):
+        written.append(acceptance_plot(runs, names, out_dir / "acceptance.png"))
+    return written

@@ -1,0 +1,83 @@
+"""`bench report` and `bench sweep` end to end against the stand-in."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+from k26_ddtree.cli.main import main
+
+SMALL = ["--contexts", "16,64", "--concurrency", "1,4", "--output-len", "16", "--warmup", "1", "--quiet"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_side_by_side(standin, tmp_path, capsys):
+    dflash = standin(env={"STANDIN_ACCEPT": "2.0"}, args=["--speculative-algorithm", "DFLASH"])
+    ddtree = standin(env={"STANDIN_ACCEPT": "4.0"},
+                     args=["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "16"])
+    first, second = tmp_path / "dflash.json", tmp_path / "ddtree.json"
+    assert main(["bench", "--url", dflash.url, "--out", str(first), *SMALL]) == 0
+    assert main(["bench", "--url", ddtree.url, "--out", str(second), *SMALL]) == 0
+    out = tmp_path / "report"
+    assert main(["bench", "report", str(first), str(second), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[0].endswith("report.md")
+    for name in ("throughput.png", "acceptance.png", "single_stream.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+    report = (out / "report.md").read_text()
+    assert "| ctx | C | DFLASH | DDTREE b16 |" in report
+    assert "Best config per concurrency" in report
+    assert "![throughput](throughput.png)" in report
+    assert "| 16 | 1 | 8/8 |" in report
+    assert "4.00 | 4.00 |" in report and "2.00 | 2.00 |" in report
+
+
+def test_report_marks_errors_and_rejects_bad_input(standin, tmp_path, capsys):
+    server = standin(env={"STANDIN_ERROR_EVERY": "2"})
+    results = tmp_path / "errors.json"
+    assert main(["bench", "--url", server.url, "--out", str(results), "--contexts", "16", "--concurrency", "1",
+                 "--output-len", "8", "--warmup", "0", "--quiet"]) == 1
+    out = tmp_path / "r"
+    assert main(["bench", "report", str(results), "--out", str(out)]) == 0
+    assert "ERRORS 4" in (out / "report.md").read_text()
+    not_results = tmp_path / "other.json"
+    not_results.write_text(json.dumps({"hello": 1}))
+    assert main(["bench", "report", str(not_results)]) == 2
+    assert main(["bench", "report", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert "not a k26-deploy bench results file" in err and "cannot read" in err
+
+
+def test_sweep_runs_reconfigure_per_config_and_picks_winners(standin, tmp_path, capsys):
+    server = standin(args=["--speculative-algorithm", "DDTREE"])
+    calls = tmp_path / "calls.log"
+    fake = (
+        "import sys; b, k = sys.argv[1], sys.argv[2]; open(sys.argv[3], 'a').write('%s %s\\n' % (b, k)); "
+        "sys.exit(3 if (b, k) == ('8', '8') else 0)"
+    )
+    template = f"{{python}} -c {shlex.quote(fake)} {{budget}} {{topk}} {shlex.quote(str(calls))}"
+    out = tmp_path / "sweep.json"
+    code = main(["bench", "sweep", "--budget", "4,8", "--topk", "4,8", "--reconfigure-cmd", template,
+                 "--url", server.url, "--out", str(out), "--contexts", "16", "--concurrency", "1,4",
+                 "--output-len", "8", "--warmup", "0", "--quiet"])
+    assert code == 1  # one reconfigure failed
+    assert calls.read_text().split("\n")[:-1] == ["4 4", "4 8", "8 4", "8 8"]
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["budget"], r["topk"], r["label"]) for r in runs] == [
+        (4, 4, "DDTREE b4 k4"), (4, 8, "DDTREE b4 k8"), (8, 4, "DDTREE b8 k4")]
+    summary = out.with_suffix(".sweep.md").read_text()
+    assert "Best config per concurrency" in summary
+    assert "budget 8 topk 8: reconfigure exited 3" in summary
+    assert summary in capsys.readouterr().out
+    rows = [line for line in summary.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")]
+    assert len(rows) == 2 and all("DDTREE b" in row for row in rows)
+
+
+def test_sweep_default_command_uses_this_interpreter():
+    from k26_ddtree.bench.cli import DEFAULT_RECONFIGURE
+    from k26_ddtree.bench.sweep import SweepPlan
+
+    argv = SweepPlan((8,), (4,), DEFAULT_RECONFIGURE, 10).command(8, 4)
+    assert argv == [sys.executable, "-m", "k26_ddtree", "reconfigure", "--budget", "8", "--topk", "4"]
