@@ -1,5 +1,75 @@
-"""Subcommands of the patchset family (being written)."""
+"""`k26-deploy apply`: patch the installed SGLang 0.5.11 with the DDTree patch set, check it, or revert it."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "patch the installed SGLang 0.5.11 with DDTree (or --check / --revert)"
+
+DESCRIPTION = """\
+Patch the installed SGLang 0.5.11 with the k26-ddtree patch set, all or nothing.
+
+sglang is found without importing it (importlib's finder, or --sglang-dir), its
+version read from the sglang-*.dist-info beside it (else sglang/_version.py).
+Every patched file is checked against pins.json: a different sglang version or
+any file that is neither the pinned original nor the pinned patched file is
+refused, naming the file, and nothing is changed. New contents are staged next
+to their targets and verified before any is swapped in (os.replace); a failure
+part-way puts back what was already replaced. Originals are kept under
+<site>/.k26-ddtree-backup/sglang-0.5.11/. Running apply on a patched install
+says "already applied" and exits 0.
+
+apply also makes this k26_ddtree importable by sglang's Python (the patched
+files import k26_ddtree.sglang): nothing if it already is; a
+k26_ddtree_sglang.pth in the site dir pointing at this checkout when sglang is
+in a real site-packages; else a marked copy of the package beside sglang (a
+PYTHONPATH dir or bundle, where .pth files are not read).
+
+--revert puts the originals back (from the backups, else by running the diffs
+backwards), verifies their SHA256, then removes the backups and the .pth or
+copy that apply added. A partially applied install (some files patched, some
+pristine) is completed by apply and undone by --revert.
+"""
+
+EPILOG = """\
+--check exit codes:
+  0  applied: every file is the pinned patched file and sglang's Python can import k26_ddtree
+  1  not applied, and `k26-deploy apply` would fix it: pristine, partially applied,
+     or applied but k26_ddtree not importable
+  2  apply would refuse: a file is foreign-modified (or missing), sglang is not 0.5.11,
+     or a different k26_ddtree is importable there (also for a bad --sglang-dir)
+
+apply and --revert exit 0 on success (also when there was nothing to do), 2 when
+they refuse (nothing changed), 1 when verification after writing failed.
+"""
 
 
 def register(sub) -> None:
     """Add this family's subcommands to the k26-deploy parser."""
+    parser = sub.add_parser("apply", help=HELP, description=DESCRIPTION, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sglang-dir", metavar="PATH",
+                        help="the sglang package dir or the dir holding it (default: the sglang this Python finds)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="report pristine / applied / foreign-modified; change nothing")
+    mode.add_argument("--revert", action="store_true", help="restore and verify the original files")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (apply or --revert) and change nothing")
+    parser.add_argument("--patch-set", metavar="DIR",
+                        help="a patch set directory other than the shipped patches/sglang-0.5.11")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from k26_ddtree.errors import UserError
+    from k26_ddtree.patchset import apply
+
+    root = Path(args.patch_set) if args.patch_set else None
+    if args.check:
+        if args.dry_run:
+            raise UserError("--check changes nothing already; drop --dry-run")
+        return apply.check(args.sglang_dir, root)
+    if args.revert:
+        return apply.revert(args.sglang_dir, root, dry_run=args.dry_run)
+    return apply.apply(args.sglang_dir, root, dry_run=args.dry_run)

@@ -1,0 +1,134 @@
+"""The patch set on disk: pins.json, the full patched files, the per-file diffs.
+
+Layout of a patch set root (patches/sglang-0.5.11/):
+  series       one diff file name per line, in apply order
+  <name>.diff  one unified diff per SGLang file (a/sglang/... b/sglang/...)
+  full/...     the full patched files, at their path under the site dir
+  pins.json    SGLang version, pinned wheel, and the SHA256 of every original
+               and patched file (original_sha256 is null for a file the patch adds)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.resources import data_path
+
+SGLANG_VERSION = "0.5.11"
+PINS_FILE = "pins.json"
+SERIES_FILE = "series"
+FULL_DIR = "full"
+REGEN_HINT = "python -m k26_ddtree.patchset.regen"
+
+
+def default_root() -> Path:
+    return data_path("patches", f"sglang-{SGLANG_VERSION}")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def diff_name(rel: str) -> str:
+    """The diff file name for a patched file: sglang/srt/server_args.py -> sglang.srt.server_args.diff."""
+    stem = rel[:-3] if rel.endswith(".py") else rel
+    return stem.replace("/", ".") + ".diff"
+
+
+@dataclass(frozen=True)
+class FilePin:
+    rel: str                      # path under the site dir, e.g. sglang/srt/server_args.py
+    original_sha256: str | None   # None: the patch set adds this file
+    patched_sha256: str
+
+
+@dataclass(frozen=True)
+class WheelPin:
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    root: Path
+    sglang_version: str
+    wheel: WheelPin
+    files: tuple[FilePin, ...]
+
+    def full_file(self, rel: str) -> Path:
+        return self.root / FULL_DIR / rel
+
+    def diff_file(self, rel: str) -> Path:
+        return self.root / diff_name(rel)
+
+    def patched_bytes(self, pin: FilePin) -> bytes:
+        """The full patched file, refused unless it matches its pin (full/ edited without regen)."""
+        path = self.full_file(pin.rel)
+        if not path.is_file():
+            raise UserError(f"patch set is incomplete: {path} is missing; run {REGEN_HINT}")
+        data = path.read_bytes()
+        if sha256_bytes(data) != pin.patched_sha256:
+            raise UserError(f"patch set is inconsistent: {path} does not match {PINS_FILE}; run {REGEN_HINT}")
+        return data
+
+
+def load(root: Path | None = None) -> PatchSet:
+    """Read a patch set's pins; a clear error when it was never generated or is empty."""
+    root = Path(root) if root is not None else default_root()
+    pins_path = root / PINS_FILE
+    if not pins_path.is_file():
+        raise UserError(f"no patch set at {root} ({PINS_FILE} missing); generate it with {REGEN_HINT}")
+    try:
+        raw = json.loads(pins_path.read_text())
+        files = tuple(
+            FilePin(rel, entry["original_sha256"], entry["patched_sha256"])
+            for rel, entry in sorted(raw["files"].items())
+        )
+        patch_set = PatchSet(
+            root=root,
+            sglang_version=raw["sglang_version"],
+            wheel=WheelPin(raw["wheel"]["filename"], raw["wheel"]["sha256"]),
+            files=files,
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{pins_path} is not a valid pins file ({err.__class__.__name__}: {err})") from None
+    if not patch_set.files:
+        raise UserError(f"the patch set at {root} has no files; put full patched files under full/ and run {REGEN_HINT}")
+    return patch_set
+
+
+def dump_pins(sglang_version: str, wheel: WheelPin, files: list[FilePin]) -> bytes:
+    """pins.json bytes, stable (sorted keys, fixed indent) so regenerating changes nothing."""
+    doc = {
+        "sglang_version": sglang_version,
+        "wheel": {"filename": wheel.filename, "sha256": wheel.sha256},
+        "files": {
+            pin.rel: {"original_sha256": pin.original_sha256, "patched_sha256": pin.patched_sha256}
+            for pin in files
+        },
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def read_wheel_pin(root: Path) -> WheelPin | None:
+    """The wheel pin alone (regen needs it before any file is pinned)."""
+    pins_path = Path(root) / PINS_FILE
+    if not pins_path.is_file():
+        return None
+    try:
+        raw = json.loads(pins_path.read_text())
+        return WheelPin(raw["wheel"]["filename"], raw["wheel"]["sha256"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{pins_path} is not a valid pins file ({err.__class__.__name__}: {err})") from None

@@ -1,0 +1,79 @@
+"""What state an SGLang installation is in with respect to a patch set, file by file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from k26_ddtree.patchset.locate import Installation
+from k26_ddtree.patchset.pins import FilePin, PatchSet, sha256_bytes
+
+PRISTINE = "pristine"
+APPLIED = "applied"
+FOREIGN = "foreign-modified"
+PARTIAL = "partially-applied"
+WRONG_VERSION = "wrong-version"
+
+# `apply --check` exit codes: 0 healthy, 1 `apply` would fix it, 2 `apply` refuses (needs a person).
+CHECK_EXIT = {APPLIED: 0, PRISTINE: 1, PARTIAL: 1, FOREIGN: 2, WRONG_VERSION: 2}
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    pin: FilePin
+    path: Path
+    current: bytes | None  # None: the file does not exist
+    state: str             # PRISTINE, APPLIED or FOREIGN
+
+    @property
+    def describe(self) -> str:
+        if self.state != FOREIGN:
+            return self.state
+        if self.current is None:
+            return f"{FOREIGN} (missing)"
+        return f"{FOREIGN} (SHA256 {sha256_bytes(self.current)[:16]}..., neither the original nor the patched file)"
+
+
+@dataclass(frozen=True)
+class Status:
+    installation: Installation
+    patch_set: PatchSet
+    files: tuple[FileStatus, ...]
+
+    @property
+    def version_ok(self) -> bool:
+        return self.installation.version == self.patch_set.sglang_version
+
+    @property
+    def state(self) -> str:
+        if not self.version_ok:
+            return WRONG_VERSION
+        states = {f.state for f in self.files}
+        if FOREIGN in states:
+            return FOREIGN
+        if states == {APPLIED}:
+            return APPLIED
+        if states == {PRISTINE}:
+            return PRISTINE
+        return PARTIAL
+
+    def with_state(self, state: str) -> list[FileStatus]:
+        return [f for f in self.files if f.state == state]
+
+
+def _file_state(pin: FilePin, current: bytes | None) -> str:
+    digest = sha256_bytes(current) if current is not None else None
+    if digest is not None and digest == pin.patched_sha256:
+        return APPLIED
+    if digest == pin.original_sha256:  # both None: a file the patch adds, not there yet
+        return PRISTINE
+    return FOREIGN
+
+
+def inspect(installation: Installation, patch_set: PatchSet) -> Status:
+    files = []
+    for pin in patch_set.files:
+        path = installation.site / pin.rel
+        current = path.read_bytes() if path.is_file() else None
+        files.append(FileStatus(pin, path, current, _file_state(pin, current)))
+    return Status(installation, patch_set, tuple(files))

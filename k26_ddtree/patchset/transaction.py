@@ -1,0 +1,117 @@
+"""Replace a set of files all or nothing: stage beside each target, verify, os.replace, roll back on failure."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.patchset.pins import sha256_file
+
+_NEW_FILE_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class Change:
+    path: Path
+    old: bytes | None   # the content now (None: absent), restored on rollback
+    new: bytes | None   # the content wanted (None: remove the file)
+    new_sha256: str | None
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to `path` through a temp file in the same directory and os.replace."""
+    tmp = stage(path, data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def stage(path: Path, data: bytes, mode: int | None = None) -> Path:
+    """A temp file beside `path` holding `data`, flushed to disk, with `path`'s permissions."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _NEW_FILE_MODE
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".k26-tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(name, mode)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
+
+
+def _drop_bytecode(path: Path) -> None:
+    # Timestamp pycs are keyed on mtime and size; a restored file can match both, so drop them.
+    cache = path.parent / "__pycache__"
+    if cache.is_dir():
+        for pyc in cache.glob(f"{path.stem}.*.pyc"):
+            pyc.unlink(missing_ok=True)
+
+
+def replace_all(changes: list[Change], progress: Callable[[str], None], label: Callable[[Path], str]) -> None:
+    """Carry out every change or none of them.
+
+    Every new content is staged and re-read (its SHA256 checked) before the
+    first target is touched; os.replace then swaps each in. If a swap fails,
+    the ones already swapped are put back from the bytes held in memory.
+    """
+    staged: dict[Path, Path] = {}
+    done: list[Change] = []
+    try:
+        for change in changes:
+            if change.new is None:
+                continue
+            try:
+                tmp = stage(change.path, change.new)
+            except OSError as err:
+                raise UserError(f"could not stage {label(change.path)} ({err}); nothing changed", code=1) from None
+            staged[change.path] = tmp
+            if sha256_file(tmp) != change.new_sha256:
+                raise UserError(f"staged copy of {label(change.path)} does not hash as pinned (disk problem?); nothing changed", code=1)
+        progress(f"staged and verified {len(staged)} file(s); replacing")
+        try:
+            for change in changes:
+                if change.new is None:
+                    change.path.unlink(missing_ok=True)
+                else:
+                    os.replace(staged[change.path], change.path)
+                    del staged[change.path]
+                done.append(change)
+                _drop_bytecode(change.path)
+                progress(f"  {'removed' if change.new is None else 'replaced'} {label(change.path)}")
+        except BaseException as err:
+            failed = _roll_back(done)
+            where = label(changes[len(done)].path) if len(done) < len(changes) else "the end"
+            if failed:
+                raise UserError(
+                    f"replacing failed at {where} ({err}); could NOT restore: {', '.join(label(p) for p in failed)}", code=1
+                ) from None
+            raise UserError(f"replacing failed at {where} ({err}); rolled back {len(done)} file(s), nothing changed", code=1) from None
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+
+
+def _roll_back(done: list[Change]) -> list[Path]:
+    failed = []
+    for change in reversed(done):
+        try:
+            if change.old is None:
+                change.path.unlink(missing_ok=True)
+            else:
+                write_atomic(change.path, change.old)
+            _drop_bytecode(change.path)
+        except OSError:
+            failed.append(change.path)
+    return failed

@@ -1,0 +1,203 @@
+"""apply -> check -> apply again -> revert -> check -> tamper -> refused, on a real unpacked sglang 0.5.11."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import pytest
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.patchset import apply
+from k26_ddtree.patchset.locate import locate
+from k26_ddtree.patchset.pins import load, sha256_file
+from k26_ddtree.patchset.status import APPLIED, FOREIGN, PARTIAL, PRISTINE, WRONG_VERSION, inspect
+
+
+class Lines(list):
+    def __call__(self, line: str) -> None:
+        self.append(line)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self)
+
+
+def _state(site, patch_set) -> str:
+    return inspect(locate(site), load(patch_set)).state
+
+
+def _all_hashes_are(site, patch_set, which: str) -> bool:
+    for pin in load(patch_set).files:
+        path = site / pin.rel
+        digest = sha256_file(path) if path.exists() else None
+        if digest != getattr(pin, which):
+            return False
+    return True
+
+
+def test_full_lifecycle(site, patch_set, snapshot):
+    pristine = snapshot(site / "sglang")
+    out = Lines()
+    assert apply.check(site, patch_set, out=out) == 1
+    assert "state: pristine" in out.text
+
+    out = Lines()
+    assert apply.apply(site, patch_set, out=out) == 0
+    assert _all_hashes_are(site, patch_set, "patched_sha256")
+    assert "applied:" in out.text and "verified" in out.text
+
+    out = Lines()
+    assert apply.check(site, patch_set, out=out) == 0
+    assert "state: applied" in out.text
+
+    out = Lines()
+    assert apply.apply(site, patch_set, out=out) == 0
+    assert "already applied" in out.text
+
+    out = Lines()
+    assert apply.revert(site, patch_set, out=out) == 0
+    assert "reverted:" in out.text
+    assert snapshot(site / "sglang") == pristine
+    assert not (site / apply.BACKUP_DIR).exists()
+    assert not (site / "k26_ddtree").exists()
+    assert apply.check(site, patch_set, out=Lines()) == 1
+
+    tampered = load(patch_set).files[0]
+    target = site / tampered.rel
+    target.write_bytes((target.read_bytes() if target.exists() else b"") + b"# local edit\n")
+    before = snapshot(site)
+    with pytest.raises(UserError) as refused:
+        apply.apply(site, patch_set, out=Lines())
+    assert refused.value.code == 2
+    assert tampered.rel in str(refused.value) and "nothing changed" in str(refused.value)
+    assert snapshot(site) == before
+    out = Lines()
+    assert apply.check(site, patch_set, out=out) == 2
+    assert f"state: {FOREIGN}" in out.text
+
+
+def test_backups_hold_the_originals(site, patch_set, pristine_sglang):
+    apply.apply(site, patch_set, out=Lines())
+    installation = locate(site)
+    for pin in load(patch_set).files:
+        backup = apply.backup_root(installation) / pin.rel
+        if pin.original_sha256 is None:
+            assert not backup.exists()
+        else:
+            assert backup.read_bytes() == (pristine_sglang / pin.rel).read_bytes()
+
+
+def test_wrong_version_is_refused_by_every_mode(site, patch_set, snapshot):
+    metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
+    metadata.write_text(metadata.read_text().replace("Version: 0.5.11", "Version: 0.5.10", 1))
+    before = snapshot(site)
+    for command in (apply.apply, apply.revert):
+        with pytest.raises(UserError) as refused:
+            command(site, patch_set, out=Lines())
+        assert "0.5.10" in str(refused.value) and refused.value.code == 2
+    out = Lines()
+    assert apply.check(site, patch_set, out=out) == 2
+    assert f"state: {WRONG_VERSION}" in out.text
+    assert snapshot(site) == before
+
+
+def test_partial_state_is_reported_and_completed(site, synthetic_patch_set):
+    apply.apply(site, synthetic_patch_set, out=Lines())
+    first = load(synthetic_patch_set).files[0]
+    backup = apply.backup_root(locate(site)) / first.rel
+    (site / first.rel).write_bytes(backup.read_bytes())
+    assert _state(site, synthetic_patch_set) == PARTIAL
+    out = Lines()
+    assert apply.check(site, synthetic_patch_set, out=out) == 1
+    assert f"state: {PARTIAL}" in out.text
+    assert apply.apply(site, synthetic_patch_set, out=Lines()) == 0
+    assert _state(site, synthetic_patch_set) == APPLIED
+
+
+def test_revert_without_backups_runs_the_diffs_backwards(site, synthetic_patch_set, snapshot):
+    pristine = snapshot(site / "sglang")
+    apply.apply(site, synthetic_patch_set, out=Lines())
+    for backup in (site / apply.BACKUP_DIR).rglob("*.py"):
+        backup.unlink()
+    assert apply.revert(site, synthetic_patch_set, out=Lines()) == 0
+    assert snapshot(site / "sglang") == pristine
+
+
+def test_a_failure_part_way_rolls_back(site, synthetic_patch_set, monkeypatch, snapshot):
+    before = snapshot(site / "sglang")
+    real_replace = os.replace
+    calls = []
+
+    def failing_replace(src, dst):
+        if apply.BACKUP_DIR not in str(dst):
+            calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(UserError) as failed:
+        apply.apply(site, synthetic_patch_set, out=Lines())
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert "rolled back 1 file(s)" in str(failed.value)
+    assert snapshot(site / "sglang") == before
+    assert _state(site, synthetic_patch_set) == PRISTINE
+    assert not [p for p in site.rglob("*.k26-tmp")]
+
+
+def test_dry_run_changes_nothing(site, synthetic_patch_set, snapshot):
+    before = snapshot(site)
+    out = Lines()
+    assert apply.apply(site, synthetic_patch_set, dry_run=True, out=out) == 0
+    assert "dry run: would patch 3 file(s)" in out.text
+    assert snapshot(site) == before
+    apply.apply(site, synthetic_patch_set, out=Lines())
+    after_apply = snapshot(site)
+    out = Lines()
+    assert apply.revert(site, synthetic_patch_set, dry_run=True, out=out) == 0
+    assert "dry run: would restore 3 file(s)" in out.text
+    assert snapshot(site) == after_apply
+
+
+def test_permissions_kept_and_stale_bytecode_dropped(site, synthetic_patch_set):
+    rel = "sglang/srt/server_args.py"
+    target = site / rel
+    os.chmod(target, 0o640)
+    cache = target.parent / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    stale = cache / "server_args.cpython-311.pyc"
+    stale.write_bytes(b"stale")
+    apply.apply(site, synthetic_patch_set, out=Lines())
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert not stale.exists()
+    added = site / "sglang/srt/speculative/k26_probe.py"
+    assert stat.S_IMODE(added.stat().st_mode) == 0o644
+
+
+def test_foreign_file_blocks_revert_too(site, synthetic_patch_set, snapshot):
+    apply.apply(site, synthetic_patch_set, out=Lines())
+    target = site / "sglang/srt/server_args.py"
+    target.write_bytes(target.read_bytes() + b"# edited after patching\n")
+    before = snapshot(site)
+    with pytest.raises(UserError) as refused:
+        apply.revert(site, synthetic_patch_set, out=Lines())
+    assert "sglang/srt/server_args.py" in str(refused.value)
+    assert snapshot(site) == before
+
+
+def test_missing_patch_set_is_a_clear_error(site, tmp_path):
+    with pytest.raises(UserError, match="regen"):
+        apply.check(site, tmp_path / "nowhere", out=Lines())
+
+
+def test_a_full_file_edited_without_regen_is_refused(site, synthetic_patch_set, tmp_path, snapshot):
+    edited = tmp_path / "edited-patch-set"
+    shutil.copytree(synthetic_patch_set, edited)
+    target = edited / "full" / "sglang/srt/server_args.py"
+    target.write_bytes(target.read_bytes() + b"# edited after regen\n")
+    before = snapshot(site)
+    with pytest.raises(UserError, match="does not match pins.json; run python -m k26_ddtree.patchset.regen"):
+        apply.apply(site, edited, out=Lines())
+    assert snapshot(site) == before

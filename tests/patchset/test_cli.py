@@ -1,0 +1,61 @@
+"""`k26-deploy apply` end to end as a subprocess: exit codes, one-line errors, help text."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def k26(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "k26_ddtree.cli.main", "apply", *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_apply_check_revert_exit_codes(site, synthetic_patch_set):
+    common = ["--sglang-dir", str(site), "--patch-set", str(synthetic_patch_set)]
+    assert k26(*common, "--check").returncode == 1
+
+    dry = k26(*common, "--dry-run")
+    assert dry.returncode == 0 and "dry run: would patch 3 file(s)" in dry.stdout
+
+    done = k26(*common)
+    assert done.returncode == 0, done.stderr
+    assert "[1/3] sglang/srt/server_args.py: pristine" in done.stdout
+    assert "applied: 3 file(s) patched" in done.stdout
+
+    check = k26(*common, "--check")
+    assert check.returncode == 0 and "state: applied" in check.stdout
+
+    again = k26(*common)
+    assert again.returncode == 0 and "already applied" in again.stdout
+
+    reverted = k26(*common, "--revert")
+    assert reverted.returncode == 0 and "reverted: 3 file(s) restored" in reverted.stdout
+    assert k26(*common, "--check").returncode == 1
+
+    target = site / "sglang/srt/server_args.py"
+    target.write_bytes(target.read_bytes() + b"# local edit\n")
+    refused = k26(*common)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("k26-deploy: error: refusing to patch: sglang/srt/server_args.py (foreign-modified")
+    assert "Traceback" not in refused.stderr
+    assert k26(*common, "--check").returncode == 2
+
+
+def test_user_mistakes_are_one_line(tmp_path):
+    missing = k26("--sglang-dir", str(tmp_path), "--check")
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        f"k26-deploy: error: no sglang package at {tmp_path} (give the sglang package dir or the dir that holds it)"]
+    both = k26("--check", "--revert")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_help_documents_the_check_exit_codes():
+    shown = k26("--help").stdout
+    assert "--check exit codes:" in shown
+    for line in ("0  applied", "1  not applied", "2  apply would refuse"):
+        assert line in shown
