@@ -113,17 +113,16 @@ class Aria2Process:
         self.output_tail: deque[str] = deque(maxlen=40)
         self._proc = subprocess.Popen(
             aria2c_argv(find_aria2c(), settings, hooks), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=work_dir)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=work_dir,
+            # Its own session: Ctrl-C reaches only k26-deploy, which then stops aria2c with one
+            # SIGTERM (a second signal would make aria2c halt without finishing cleanly).
+            start_new_session=True)
         text = input_text(jobs, token).encode()
         # A pipe holds 64 KiB; a long list would block until aria2c reads it, hence a thread.
         self._writer = threading.Thread(target=self._feed, args=(text,), daemon=True)
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._writer.start()
         self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
 
     def _write_hook(self, work_dir: Path, kind: str) -> Path:
         hook = work_dir / f".aria2-on-{kind}"

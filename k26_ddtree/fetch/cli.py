@@ -1,5 +1,128 @@
-"""Subcommands of the fetch family (being written)."""
+"""Subcommands of the fetch family: fetch-model, verify-model."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+
+_FETCH_EPILOG = """\
+The token comes from $HF_TOKEN or $HUGGING_FACE_HUB_TOKEN, else from --token-file (default
+$HF_TOKEN_PATH, $HF_HOME/token or ~/.cache/huggingface/token), which must be mode 0600. It is
+never accepted on the command line, never printed, and reaches aria2c only through a pipe.
+
+Files land in DEST/.partial first and move into DEST once their size and hash match the hub's
+listing (SHA-256 for LFS files, the git blob id for small files); then DEST/SHA256SUMS and
+DEST/.k26-model.json record them. Rerun the same command to resume an interrupted download;
+verified files are skipped. Exit 1 when a file cannot be downloaded or fails verification twice.
+"""
 
 
 def register(sub) -> None:
     """Add this family's subcommands to the k26-deploy parser."""
+    fetch = sub.add_parser(
+        "fetch-model", help="download the model (and drafter) with aria2c, verified by SHA-256",
+        description="Download a hub repository (Kimi K2.6, and optionally its DFlash drafter)\n"
+                    "with aria2c: many connections per file, several files at once, resumable,\n"
+                    "every file verified before it counts.",
+        epilog=_FETCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fetch.add_argument("--model", default="moonshotai/Kimi-K2.6", metavar="REPO",
+                       help="hub repository of the target model (default: %(default)s)")
+    fetch.add_argument("--dest", required=True, type=Path, metavar="DIR",
+                       help="model directory to fill (created if missing)")
+    fetch.add_argument("--revision", default="main", metavar="REV",
+                       help="branch, tag or commit of --model (default: %(default)s)")
+    fetch.add_argument("--drafter", metavar="REPO", help="hub repository of the DFlash drafter")
+    fetch.add_argument("--drafter-dest", type=Path, metavar="DIR",
+                       help="directory for the drafter (default: next to --dest, named after the repo)")
+    fetch.add_argument("--drafter-revision", default="main", metavar="REV",
+                       help="branch, tag or commit of --drafter (default: %(default)s)")
+    fetch.add_argument("--connections", type=int, default=16, metavar="N",
+                       help="connections per file, 1-16 (aria2c -x/-s; default: %(default)s)")
+    fetch.add_argument("--parallel-files", type=int, default=6, metavar="N",
+                       help="files downloaded at once (aria2c -j; default: %(default)s)")
+    fetch.add_argument("--min-split-size", default="20M", metavar="SIZE",
+                       help="smallest piece a file is split into for several connections "
+                            "(aria2c -k, 1M-1024M; default: %(default)s)")
+    fetch.add_argument("--endpoint", metavar="URL",
+                       help="hub endpoint (default: $HF_ENDPOINT or https://huggingface.co)")
+    fetch.add_argument("--token-file", type=Path, metavar="FILE",
+                       help="file holding the hub token, mode 0600 (see below)")
+    fetch.set_defaults(func=fetch_model)
+
+    verify = sub.add_parser(
+        "verify-model", help="check a model directory against its SHA256SUMS (offline)",
+        description="Hash every file listed in DIR/SHA256SUMS and compare (offline; also for a "
+                    "directory copied from elsewhere). Exit 1 naming the files that are missing "
+                    "or differ. On success the directory's stamp is recorded, so apply/render "
+                    "accept it.")
+    verify.add_argument("dir", type=Path, metavar="DIR", help="the model directory")
+    verify.set_defaults(func=verify_model)
+
+
+def _terminate_as_interrupt(signum, frame) -> None:
+    # SIGTERM (systemd stop, kill) must unwind like Ctrl-C so aria2c is stopped cleanly and
+    # saves its resume records, instead of the interpreter dying mid-write.
+    raise KeyboardInterrupt
+
+
+def _check_split_size(text: str) -> None:
+    match = re.fullmatch(r"([0-9]+)([KM]?)", text)
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20}
+    if not match or not (1 << 20) <= int(match.group(1)) * scale[match.group(2)] <= (1 << 30):
+        raise UserError("--min-split-size takes a size from 1M to 1024M, like 20M (aria2c -k)")
+
+
+def fetch_model(args) -> int:
+    from k26_ddtree.fetch.aria2 import Aria2Settings, find_aria2c
+    from k26_ddtree.fetch.fetcher import RepoFetch
+    from k26_ddtree.fetch.hub import check_repo_id, default_endpoint, fetch_snapshot
+    from k26_ddtree.fetch.progress import Reporter
+    from k26_ddtree.fetch.token import load_token
+
+    if not 1 <= args.connections <= 16:
+        raise UserError("--connections must be between 1 and 16 (aria2c's limit per server)")
+    if args.parallel_files < 1:
+        raise UserError("--parallel-files must be at least 1")
+    _check_split_size(args.min_split_size)
+    targets = [(check_repo_id(args.model), args.revision, args.dest)]
+    if args.drafter:
+        drafter_dest = args.drafter_dest or args.dest.parent / check_repo_id(args.drafter).split("/")[1]
+        if drafter_dest.resolve() == args.dest.resolve():
+            raise UserError(f"the drafter would land in {args.dest} with the model: pass --drafter-dest")
+        targets.append((args.drafter, args.drafter_revision, drafter_dest))
+    elif args.drafter_dest:
+        raise UserError("--drafter-dest needs --drafter")
+    find_aria2c()
+    token = load_token(args.token_file)
+    endpoint = (args.endpoint or default_endpoint()).rstrip("/")
+    settings = Aria2Settings(connections=args.connections, parallel_files=args.parallel_files,
+                             min_split_size=args.min_split_size)
+    reporter = Reporter()
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        # Both listings first: a mistyped drafter repo fails in seconds, not after the model.
+        snapshots = [(fetch_snapshot(endpoint, repo, revision, token), dest)
+                     for repo, revision, dest in targets]
+        failed: list[str] = []
+        for snapshot, dest in snapshots:
+            failed += [f"{snapshot.repo}:{path}" for path in
+                       RepoFetch(snapshot, endpoint, dest, token, settings, reporter).run()]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if failed:
+        raise UserError(f"{len(failed)} files not fetched and verified: {', '.join(failed)}", code=1)
+    for _repo, _revision, dest in targets:
+        reporter.line(f"ready: {dest.resolve()}")
+    return 0
+
+
+def verify_model(args) -> int:
+    from k26_ddtree.fetch.modeldir import verify_model as verify
+    from k26_ddtree.fetch.progress import Reporter
+
+    verify(args.dir.resolve(), Reporter())
+    return 0

@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +25,7 @@ from k26_ddtree.fetch import modeldir
 from k26_ddtree.fetch.aria2 import Aria2Job, Aria2Process, Aria2Settings, control_file
 from k26_ddtree.fetch.hashing import Digests, file_digests
 from k26_ddtree.fetch.hub import RepoFile, RepoSnapshot, resolve_url
-from k26_ddtree.fetch.progress import Reporter, TotalMeter, human_bytes
+from k26_ddtree.fetch.progress import Reporter, TotalMeter, as_they_finish, human_bytes
 
 PARTIAL_NAME = ".partial"
 _POLL_S = 0.5
@@ -110,7 +111,21 @@ class RepoFetch:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> list[str]:
-        self.dest.mkdir(parents=True, exist_ok=True)
+        try:
+            self.partial.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot write into {self.dest}: {err.strerror}") from None
+        with open(self.partial / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(f"another fetch-model is already filling {self.dest}") from None
+            failed = self._run_locked()
+            if not failed:
+                shutil.rmtree(self.partial, ignore_errors=True)
+            return failed
+
+    def _run_locked(self) -> list[str]:
         snap = self.snapshot
         self.verified = self._known_good()
         present = [f for f in snap.files if f.path not in self.verified
@@ -122,9 +137,14 @@ class RepoFetch:
             f"{len(snap.files)} files, {human_bytes(snap.total_bytes)}; {len(self.verified)} verified "
             f"before, {len(present)} to check, {len(missing)} to download "
             f"({human_bytes(sum(f.size for f in missing))})")
-        if present or missing or not (self.dest / modeldir.SUMS_NAME).is_file():
-            (self.dest / modeldir.SUMS_NAME).unlink(missing_ok=True)
-            self._write_stamp(complete=False)
+        stamp = modeldir.read_stamp(self.dest) or {}
+        if (not present and not missing and stamp.get("complete") and stamp.get("commit") == snap.commit
+                and (self.dest / modeldir.SUMS_NAME).is_file()):
+            self.reporter.line(f"{snap.repo}: nothing to do, all files verified before")
+            return []
+        (self.dest / modeldir.SUMS_NAME).unlink(missing_ok=True)
+        self._write_stamp(complete=False)
+        self._check_free_space(missing)
         with ThreadPoolExecutor(self.verify_workers, thread_name_prefix="k26-verify") as pool:
             missing += self._check_present(present, pool)
             failed = self._download(missing, pool)
@@ -133,10 +153,22 @@ class RepoFetch:
             return failed
         modeldir.write_sums(self.dest, [(self.verified[f.path]["sha256"], f.path) for f in snap.files])
         self._write_stamp(complete=True)
-        shutil.rmtree(self.partial, ignore_errors=True)
         self.reporter.line(f"{snap.repo}: all {len(snap.files)} files verified; "
                            f"hashes in {self.dest / modeldir.SUMS_NAME}")
         return []
+
+    def _check_free_space(self, missing: list[RepoFile]) -> None:
+        needed = 0
+        for file in missing:
+            try:
+                have = self._target(file).stat().st_blocks * 512
+            except OSError:
+                have = 0
+            needed += max(file.size - have, 0)
+        free = shutil.disk_usage(self.dest).free
+        if needed > free:
+            raise UserError(f"{self.dest} has {human_bytes(free)} free but the download needs "
+                            f"{human_bytes(needed)} more: free space or choose another --dest")
 
     def _check_present(self, present: list[RepoFile], pool: ThreadPoolExecutor) -> list[RepoFile]:
         """Hash files already in DIR that no stamp vouches for; return those that differ."""
@@ -145,7 +177,7 @@ class RepoFetch:
         meter = TotalMeter("checked", sum(f.size for f in present))
         futures = [pool.submit(self._hash, self.dest / f.path, f, meter) for f in present]
         differ = []
-        for future in _as_they_finish(futures, lambda: self.reporter.tick(meter)):
+        for future in as_they_finish(futures, lambda: self.reporter.tick(meter)):
             verdict = future.result()
             if verdict.ok:
                 self._record(verdict.file, verdict.digests)
@@ -158,18 +190,18 @@ class RepoFetch:
         return differ
 
     def _hash(self, path: Path, file: RepoFile, meter: TotalMeter | None) -> Verdict:
-        def on_bytes(n: int) -> None:
-            if meter is not None:
-                meter.set_done(meter.done + n)
-
         try:
-            digests = file_digests(path, with_git_oid=not file.sha256, on_bytes=on_bytes)
+            digests = file_digests(path, with_git_oid=not file.sha256,
+                                   on_bytes=meter.add if meter is not None else None)
         except FileNotFoundError:
             return Verdict(file, None, False)
         return Verdict(file, digests, matches(file, digests))
 
     def _target(self, file: RepoFile) -> Path:
-        return self.partial / file.path
+        # Named by content: a partial of another version of the file (the branch moved between
+        # runs) is never resumed into this one; aria2c would refuse the length or mix the bytes.
+        content_id = (file.sha256 or file.git_oid)[:16]
+        return self.partial / f"{file.path}.{content_id}"
 
     def _discard_partial(self, file: RepoFile) -> None:
         self._target(file).unlink(missing_ok=True)
@@ -178,10 +210,11 @@ class RepoFetch:
     def _download(self, files: list[RepoFile], pool: ThreadPoolExecutor) -> list[str]:
         if not files:
             return []
-        meter = TotalMeter("downloaded", sum(f.size for f in files))
+        todo = self._settle_partials(files)
+        meter = TotalMeter("downloaded", sum(f.size for f in todo),
+                           already_done=self._in_flight_bytes(todo, {}))
         done_bytes = 0
         failed: list[str] = []
-        todo = self._settle_partials(files)
         for attempt in (1, 2):
             if not todo:
                 break
@@ -196,9 +229,14 @@ class RepoFetch:
                     done_bytes += file.size
                     continue
                 if verdict is None:
-                    failed.append(file.path)
-                    self.reporter.line(f"  FAILED  {file.path}: download did not finish "
-                                       "(rerun the same command to resume)")
+                    if attempt == 1:
+                        self.reporter.line(f"  FAILED  {file.path}: download did not finish; "
+                                           "resuming it once more")
+                        todo.append(file)
+                    else:
+                        self.reporter.line(f"  FAILED  {file.path}: download did not finish "
+                                           "(rerun the same command to resume)")
+                        failed.append(file.path)
                     continue
                 self._discard_partial(file)
                 if attempt == 1:
@@ -266,7 +304,8 @@ class RepoFetch:
                     results[file.path] = (file, None)
 
         with Aria2Process(jobs, self.token, self.settings, self.partial) as proc:
-            while proc.running() or verifying:
+            while True:
+                exited = not proc.running()
                 take_events(proc)
                 for future in [f for f in verifying if f.done()]:
                     file = verifying.pop(future)
@@ -277,8 +316,9 @@ class RepoFetch:
                     results[file.path] = (file, verdict)
                 meter.set_done(done_before + finished_bytes + self._in_flight_bytes(files, results))
                 self.reporter.tick(meter)
+                if exited and not verifying:
+                    break
                 time.sleep(_POLL_S)
-            take_events(proc)
             if proc.returncode() not in (0, None):
                 tail = [line for line in proc.output_tail if line.strip()][-8:]
                 for line in tail:
@@ -308,16 +348,3 @@ class RepoFetch:
                 continue
             total += min(st.st_blocks * 512, st.st_size, file.size)
         return total
-
-
-def _as_they_finish(futures: list[Future], tick) -> list[Future]:
-    """Yield futures as they complete, calling `tick()` about every poll interval meanwhile."""
-    pending = list(futures)
-    while pending:
-        done = [f for f in pending if f.done()]
-        for future in done:
-            pending.remove(future)
-            yield future
-        if pending and not done:
-            tick()
-            time.sleep(_POLL_S / 5)

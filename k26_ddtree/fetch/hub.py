@@ -84,7 +84,8 @@ def fetch_snapshot(endpoint: str, repo: str, revision: str, token: str | None,
         raise UserError(f"cannot reach the hub at {endpoint}: {type(err).__name__}", code=1) from None
     if response.status_code in (401, 403):
         hint = ("the token was refused or lacks access (gated repository: accept its terms on the hub)"
-                if token else "it needs a token: set HF_TOKEN or use --token-file")
+                if token else "it does not exist, or it is gated or private and needs a token: "
+                              "set HF_TOKEN or use --token-file")
         raise UserError(f"the hub refused to list {repo} (HTTP {response.status_code}): {hint}")
     if response.status_code == 404:
         raise UserError(f"{repo} at revision {revision!r} was not found on {endpoint}")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections import deque
-from typing import TextIO
+from concurrent.futures import Future
+from typing import Callable, Iterator, TextIO
 
 
 def human_bytes(n: float) -> str:
@@ -29,15 +31,25 @@ class TotalMeter:
     """Bytes done out of a total; the rate is measured over the last `window_s` seconds so it
     follows the link's current speed rather than the run's average."""
 
-    def __init__(self, label: str, total: int, window_s: float = 10.0):
+    def __init__(self, label: str, total: int, already_done: int = 0, window_s: float = 10.0):
         self.label = label
         self.total = total
-        self.done = 0
+        self.done = self._already_done = min(already_done, total)
         self._window_s = window_s
         self._samples: deque[tuple[float, int]] = deque()
         self._start = time.monotonic()
+        self._lock = threading.Lock()
 
     def set_done(self, done: int) -> None:
+        with self._lock:
+            self._set(done)
+
+    def add(self, n: int) -> None:
+        """Count `n` more bytes; safe from several hashing threads at once."""
+        with self._lock:
+            self._set(self.done + n)
+
+    def _set(self, done: int) -> None:
         self.done = min(done, self.total)
         now = time.monotonic()
         self._samples.append((now, self.done))
@@ -58,10 +70,13 @@ class TotalMeter:
                 f"{human_bytes(rate)}/s  ETA {eta}")
 
     def summary(self) -> str:
+        """This run's work and average rate; bytes an earlier run already did are named apart."""
         elapsed = time.monotonic() - self._start
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        return (f"{self.label} {human_bytes(self.done)} in {human_duration(elapsed)} "
-                f"({human_bytes(rate)}/s average)")
+        now_done = max(self.done - self._already_done, 0)
+        rate = now_done / elapsed if elapsed > 0 else 0.0
+        earlier = f" (+ {human_bytes(self._already_done)} from an earlier run)" if self._already_done else ""
+        return (f"{self.label} {human_bytes(now_done)} in {human_duration(elapsed)} "
+                f"({human_bytes(rate)}/s average){earlier}")
 
 
 class Reporter:
@@ -95,3 +110,18 @@ class Reporter:
         if self._pending_cr:
             self.stream.write("\r\033[K")
             self._pending_cr = False
+
+
+def as_they_finish(futures: list[Future], tick: Callable[[], None],
+                   poll_s: float = 0.1) -> Iterator[Future]:
+    """Yield futures as they complete, calling `tick()` while waiting (progress from the
+    thread that owns the output, never from the workers)."""
+    pending = list(futures)
+    while pending:
+        done = [f for f in pending if f.done()]
+        for future in done:
+            pending.remove(future)
+            yield future
+        if pending and not done:
+            tick()
+            time.sleep(poll_s)

@@ -1,0 +1,82 @@
+"""verify-model and model_dir_problem on directories built here (no network, no aria2c needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from fetch_support import run_cli
+
+from k26_ddtree.fetch.modeldir import model_dir_problem
+
+
+@pytest.fixture
+def copied_dir(tmp_path):
+    """A model directory received by other means: files and a SHA256SUMS from `sha256sum`."""
+    model = tmp_path / "k2.6"
+    (model / "tokenizer").mkdir(parents=True)
+    (model / "model-00001-of-00002.safetensors").write_bytes(b"\x01" * 300_000)
+    (model / "model-00002-of-00002.safetensors").write_bytes(b"\x02" * 200_000)
+    (model / "config.json").write_text('{"model_type": "kimi_k2"}\n')
+    (model / "tokenizer" / "tiktoken.model").write_bytes(b"vocab")
+    names = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+             "tokenizer/tiktoken.model"]
+    sums = subprocess.run(["sha256sum", *names], cwd=model, capture_output=True, text=True, check=True)
+    (model / "SHA256SUMS").write_text(sums.stdout)
+    return model
+
+
+def test_a_missing_directory_names_the_fetch_command(tmp_path):
+    problem = model_dir_problem(tmp_path / "models" / "k2.6")
+    assert problem == (f"model directory {tmp_path / 'models' / 'k2.6'} is missing: run "
+                       f"`k26-deploy fetch-model --model moonshotai/Kimi-K2.6 --dest {tmp_path / 'models' / 'k2.6'}`")
+    assert "--model lab/drafter" in model_dir_problem(tmp_path / "d", repo="lab/drafter")
+    assert "--model <drafter hub repo>" in model_dir_problem(tmp_path / "Kimi-K2.6-DFlash")
+
+
+def test_a_directory_without_hashes_is_not_accepted(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    problem = model_dir_problem(tmp_path)
+    assert "has no SHA256SUMS" in problem and "k26-deploy fetch-model" in problem
+
+
+def test_verify_model_accepts_a_copied_directory_and_records_its_stamp(copied_dir):
+    problem = model_dir_problem(copied_dir)
+    assert "is not verified" in problem and f"k26-deploy verify-model {copied_dir}" in problem
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("  ok       ") == 4
+    assert "verified " in result.stdout and "average" in result.stdout
+    assert model_dir_problem(copied_dir) is None
+    stamp = json.loads((copied_dir / ".k26-model.json").read_text())
+    assert stamp["complete"] and stamp["repo"] is None and len(stamp["files"]) == 4
+
+
+def test_verify_model_names_every_changed_or_missing_file_and_exits_1(copied_dir):
+    assert run_cli("verify-model", str(copied_dir)).returncode == 0
+    shard = copied_dir / "model-00002-of-00002.safetensors"
+    shard.write_bytes(b"\x03" * 200_000)  # same size: only hashing can tell
+    (copied_dir / "tokenizer" / "tiktoken.model").unlink()
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 1
+    assert "BAD      model-00002-of-00002.safetensors" in result.stdout
+    assert "MISSING  tokenizer/tiktoken.model" in result.stdout
+    assert ("k26-deploy: error: 2 of 4 files failed verification in "
+            f"{copied_dir}: model-00002-of-00002.safetensors, tokenizer/tiktoken.model") in result.stderr
+    # The quick check sees the missing file (sizes only, by design it cannot see the changed one).
+    assert "lacks tokenizer/tiktoken.model" in model_dir_problem(copied_dir)
+
+
+def test_the_quick_check_catches_a_truncated_file(copied_dir):
+    assert run_cli("verify-model", str(copied_dir)).returncode == 0
+    with open(copied_dir / "model-00001-of-00002.safetensors", "r+b") as handle:
+        handle.truncate(1000)
+    assert "has 1000 bytes, expected 300000" in model_dir_problem(copied_dir)
+
+
+def test_verify_model_on_a_directory_without_hashes_is_a_user_error(tmp_path):
+    result = run_cli("verify-model", str(tmp_path))
+    assert result.returncode == 2 and "SHA256SUMS does not exist" in result.stderr
+    missing = run_cli("verify-model", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
