@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,13 +32,14 @@ class Kind:
     nullable: bool = False
 
 
-S, P, I, F, B = Kind("str"), Kind("path"), Kind("int"), Kind("float"), Kind("bool")
+# Short names keep SCHEMA readable as a table; a trailing 0 means "may be null".
+S, P, I, B = Kind("str"), Kind("path"), Kind("int"), Kind("bool")
 S0, P0, I0, F0 = Kind("str", True), Kind("path", True), Kind("int", True), Kind("float", True)
 LIST, MAP = Kind("list"), Kind("map")
 
 SCHEMA: dict = {
     "description": S,
-    "python": P,
+    "python": P0,
     "model": P,
     "drafter": P,
     "served_model_name": S,
@@ -106,12 +108,6 @@ class Profile:
     def __getitem__(self, key: str):
         return self.data[key]
 
-    def get(self, dotted: str):
-        node = self.data
-        for part in dotted.split("."):
-            node = node[part]
-        return node
-
     def to_json(self) -> str:
         return json.dumps({"name": self.name, "sources": self.sources, "data": self.data}, sort_keys=True)
 
@@ -142,7 +138,8 @@ def profiles_dir() -> Path:
 
 
 def shipped_names() -> list[str]:
-    return sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+    """The hardware profiles (base.yaml is only something to extend)."""
+    return sorted(p.stem for p in profiles_dir().glob("*.yaml") if p.stem != "base")
 
 
 def max_budget(topk: int, block_size: int) -> int:
@@ -156,9 +153,23 @@ def load_profile(ref: str, sets: list[str] | None = None) -> Profile:
     data, sources = _load_chain(path, seen=[])
     for assignment in sets or []:
         apply_set(data, assignment)
-    name = path.stem
+    return _finish(path.stem, data, sources)
+
+
+def with_sets(profile: Profile, sets: list[str]) -> Profile:
+    """A copy of `profile` with `--set` overrides applied and everything validated again."""
+    data = copy.deepcopy(profile.data)
+    for assignment in sets:
+        apply_set(data, assignment)
+    return _finish(profile.name, data, list(profile.sources))
+
+
+def _finish(name: str, data: dict, sources: list[str]) -> Profile:
     _check_tree(data, SCHEMA, f"profile {name}", "")
     _check_complete(data, SCHEMA, f"profile {name}", "")
+    if data["python"] is None:
+        # The venv that runs k26-deploy is the one that has SGLang and this toolkit.
+        data["python"] = sys.executable
     profile = Profile(name=name, data=data, sources=sources)
     check_values(profile, f"profile {name}")
     return profile
@@ -179,7 +190,10 @@ def apply_set(data: dict, assignment: str) -> None:
             node.setdefault(part, {})[parts[-1]] = text
             return
         if spec is None or (last and isinstance(spec, dict)) or (not last and isinstance(spec, Kind)):
-            raise UserError(f"--set {key}: unknown key; known keys: {', '.join(_dotted_keys(SCHEMA))}")
+            known = _dotted_keys(SCHEMA)
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
+            raise UserError(f"--set {key}: unknown key ({hint})")
         if last:
             node[part] = _parse_text(text, spec, f"--set {key}")
             return
@@ -265,7 +279,11 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict, list[str]]:
         return raw, [str(path)]
     if not isinstance(parent_ref, str) or not parent_ref:
         raise UserError(f"{origin}: 'extends' must be a profile name or a path, got {parent_ref!r}")
-    parent, sources = _load_chain(_locate(parent_ref, base_dir=path.parent), [*seen, path])
+    try:
+        parent_path = _locate(parent_ref, base_dir=path.parent)
+    except UserError as err:
+        raise UserError(f"{origin}: extends: {err}") from None
+    parent, sources = _load_chain(parent_path, [*seen, path])
     return _merge(parent, raw), [*sources, str(path)]
 
 

@@ -122,6 +122,14 @@ def verify_unit(text: str, unit_name: str) -> str | None:
     return None
 
 
+def require_clean(text: str, unit_name: str) -> str:
+    """`text` if systemd-analyze verify has nothing to say about it, else a UserError quoting it."""
+    problem = verify_unit(text, unit_name)
+    if problem:
+        raise UserError(f"systemd-analyze verify rejects the rendered unit: {' | '.join(problem.splitlines())}")
+    return text
+
+
 def _render(template: str, **context) -> str:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_path("services"))),

@@ -1,0 +1,130 @@
+"""Profiles: extends/merge, --set, and every user mistake as one line with exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from deploy_helpers import k26
+
+from k26_ddtree.deploy.profiles import load_profile, max_budget, shipped_names, with_sets
+from k26_ddtree.errors import UserError
+
+RENDER = ("render", "--allow-missing-model", "--no-verify")
+
+
+def one_line_error(proc) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("k26-deploy: error: ")
+    assert proc.stdout == ""
+    return lines[0]
+
+
+def test_shipped_profiles_load_and_differ_where_the_hardware_does():
+    assert shipped_names() == ["nvlink-tp8-nvls", "pcie-ep4-tp2", "pcie-ep8"]
+    ep8, ep4, nvl = (load_profile(n) for n in ("pcie-ep8", "pcie-ep4-tp2", "nvlink-tp8-nvls"))
+    assert (ep8["parallel"]["ep_size"], ep8["parallel"]["moe_a2a_backend"]) == (8, "none")
+    assert (ep4["parallel"]["tp_size"], ep4["parallel"]["ep_size"]) == (8, 4)
+    assert nvl["parallel"]["enable_nccl_nvls"] and nvl["service"]["fabric_manager"]
+    assert not ep8["service"]["fabric_manager"]
+    for p in (ep8, ep4, nvl):
+        assert p["speculative"] == {"algorithm": "DDTREE", "block_size": 8, "draft_window_size": 2048,
+                                    "budget": 8, "topk": 4, "spine": False}
+        assert p["host"] == "127.0.0.1" and p["attention_backend"] == "triton"
+        assert p["python"] == sys.executable, "python: null means the python running k26-deploy"
+
+
+def test_user_yaml_extends_a_shipped_name_and_a_path(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: nvlink-tp8-nvls\nport: 31000\nspeculative:\n  budget: 16\nenvironment:\n  A: '1'\n")
+    derived = tmp_path / "derived.yaml"
+    derived.write_text("extends: ./mine.yaml\nspeculative:\n  topk: 2\nenvironment:\n  B: '2'\n")
+    p = load_profile(str(derived))
+    assert p.name == "derived"
+    assert p["port"] == 31000 and p["parallel"]["enable_nccl_nvls"]
+    assert p["speculative"]["budget"] == 16 and p["speculative"]["topk"] == 2
+    assert p["speculative"]["block_size"] == 8, "nested mappings merge key by key"
+    assert p["environment"] == {"A": "1", "B": "2"}
+    assert [s.rsplit("/", 1)[1] for s in p.sources] == ["base.yaml", "nvlink-tp8-nvls.yaml", "mine.yaml", "derived.yaml"]
+
+
+def test_set_overrides_are_typed():
+    p = load_profile("pcie-ep8", ["speculative.budget=16", "speculative.spine=true", "parallel.ep_size=null",
+                                  "router.worker_urls=http://a:1,http://b:2", "environment.FOO=bar baz",
+                                  "mem_fraction_static=0.8"])
+    assert p["speculative"]["budget"] == 16 and p["speculative"]["spine"] is True
+    assert p["parallel"]["ep_size"] is None
+    assert p["router"]["worker_urls"] == ["http://a:1", "http://b:2"]
+    assert p["environment"]["FOO"] == "bar baz" and p["mem_fraction_static"] == 0.8
+    assert with_sets(p, ["speculative.topk=2"])["speculative"]["topk"] == 2
+
+
+def test_budget_range_follows_topk_and_block():
+    assert max_budget(4, 8) == sum(4**d for d in range(1, 8)) == 21844
+    assert max_budget(1, 8) == 7
+    assert load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=7"])["speculative"]["budget"] == 7
+    with pytest.raises(UserError, match=r"at most 7"):
+        load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=8"])
+    with pytest.raises(UserError, match=r"at most 6 "):
+        load_profile("pcie-ep8", ["speculative.topk=2", "speculative.block_size=3", "speculative.budget=7"])
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--profile", "pcie-ep9"], "unknown profile 'pcie-ep9'; shipped profiles: nvlink-tp8-nvls, pcie-ep4-tp2, pcie-ep8"),
+        (["--profile", "pcie-ep8", "--set", "speculative.budget=0"], "speculative.budget must be >= 1, got 0"),
+        (["--profile", "pcie-ep8", "--set", "speculative.topk=0"], "speculative.topk must be >= 1, got 0"),
+        (["--profile", "pcie-ep8", "--set", "speculative.budget=21845"], "at most 21844"),
+        (["--profile", "pcie-ep8", "--set", "speculative.budget=many"], "must be an integer, got 'many'"),
+        (["--profile", "pcie-ep8", "--set", "speculative.bugdet=4"], "unknown key (did you mean speculative.budget?)"),
+        (["--profile", "pcie-ep8", "--set", "budget"], "expected KEY=VALUE"),
+        (["--profile", "pcie-ep8", "--set", "parallel.ep_size=3"], "parallel.ep_size must divide parallel.tp_size"),
+        (["--profile", "pcie-ep8", "--set", "parallel.nnodes=2"], "dist_init_addr is required"),
+        (["--profile", "pcie-ep8", "--set", "speculative.algorithm=EAGLE"], "must be one of DDTREE, DFLASH"),
+        (["--profile", "pcie-ep8", "--set", "model=models/k2"], "model must be an absolute path"),
+        (["--profile", "pcie-ep8", "--set", "port=70000"], "port must be 1..65535"),
+    ],
+)
+def test_cli_mistakes_are_one_line_and_exit_2(args, expected):
+    assert expected in one_line_error(k26(*RENDER, *args))
+
+
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("extends: base\nspeculative:\n  budgett: 4\n", "unknown key 'speculative.budgett' (did you mean 'speculative.budget'?)"),
+        ("extends: base\nport: '30000'\n", "port must be an integer, got '30000'"),
+        ("extends: base\ncuda_graph: 1\n", "cuda_graph must be true or false, got 1"),
+        ("extends: base\nparallel: 8\n", "parallel must be a mapping of keys, got 8"),
+        ("extends: base\nextra_args: --foo\n", "extra_args must be a list of strings"),
+        ("extends: no-such-profile\n", "unknown profile 'no-such-profile'"),
+        ("extends: ./loop.yaml\n", "'extends' forms a cycle (loop.yaml -> loop.yaml)"),
+        ("port: 1\n", "missing key"),
+        ("extends: base\nport: [1\n", "line "),
+        ("- a\n- b\n", "must be a mapping of keys to values, got list"),
+        ("extends: base\ndescription: \"two\\nlines\"\n", "must not contain control characters"),
+    ],
+)
+def test_yaml_mistakes_are_one_line_and_exit_2(tmp_path, yaml_text, expected):
+    path = tmp_path / "loop.yaml"
+    path.write_text(yaml_text)
+    message = one_line_error(k26(*RENDER, "--profile", str(path)))
+    assert expected in message
+    assert "loop" in message, "the message names the profile"
+
+
+def test_every_subcommand_reports_profile_mistakes_the_same_way(tmp_path):
+    for args in (
+        ("render", "--profile", "nope"),
+        ("install", "--profile", "nope", "--root", str(tmp_path)),
+        ("reconfigure", "--profile", "nope", "--budget", "4", "--dry-run"),
+        ("detect", "--profile", "nope"),
+    ):
+        assert "unknown profile 'nope'" in one_line_error(k26(*args))
+    assert "speculative.budget must be >= 1" in one_line_error(k26("reconfigure", "--profile", "pcie-ep8", "--budget", "0"))
+    assert "nothing to change" in one_line_error(k26("reconfigure"))
