@@ -1,0 +1,67 @@
+"""DDTree inside SGLang 0.5.11's DFlash: the code the patched SGLang files call.
+
+This package is the only part of k26_ddtree that imports sglang (verify_input
+does, at import; args, guards and buffers do not, so server_args.py,
+cuda_graph_runner.py and triton_backend.py can import them without cycles).
+
+One decode step (spec v1, no overlap scheduler), DFlashWorker.forward_batch_generation:
+
+ 1. _prepare_for_speculative_decoding: newly committed target features go into
+    the draft KV cache, the draft block [verified_id, MASK x (block-1)] runs
+    once in TARGET_VERIFY mode on the draft runner (its own CUDA graph, sized
+    for the block). Unchanged from DFlash.
+ 2. draft.draft_tree: top-K tokens and log-probs per draft position from the
+    draft hidden states through the target lm_head (vocab-sharded under TP:
+    per-shard top-K + all_gather + global log-sum-exp); the oracle (tests
+    only) may rewrite them; k26_ddtree.tree.build_ddtree(validate=False)
+    turns them into a tree of budget + 1 nodes per request, root = verified_id.
+ 3. verify_input.DDTreeVerifyInput (a DFlashVerifyInput): tokens = the tree's
+    nodes, positions = prefix + depth; prepare_for_verify allocates bs * N
+    KV slots and builds the triton custom mask (per request N rows of
+    prefix + N: prefix visible, then the ancestor mask).
+ 4. The target verify forward: unchanged call; its CUDA graph, logits buffer
+    and triton buffers are sized for N = budget + 1 because the target's
+    speculative_num_draft_tokens is budget + 1.
+ 5. DDTreeVerifyInput.verify: greedy walk or the tree sampling kernel gives the
+    accepted path and bonus; tokens are appended to each request as DFlash
+    does; the path's KV slots are written to req_to_token in depth order, the
+    rest freed; the target hidden states at the path nodes become the next
+    draft context. Returns DFlash's 4-tuple, so the worker's tail (draft KV
+    append, sliding window, metrics) is unchanged.
+
+Metrics: spec_verify_ct and spec_accept_length (= committed tokens per verify
+step = accepted drafts + 1, as DFlash counts) keep their meaning;
+spec_accept_histogram is filled per step (DFlash leaves it empty);
+spec_accept_rate is accepted drafts / (verify steps * budget), i.e. the share
+of verified tree nodes that were accepted.
+
+Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
+  server_args.py                the three flags and fields; DDTREE in the algorithm
+                                choices; args.normalize_algorithm first in __post_init__
+                                (DDTREE -> DFLASH); args.finalize at the end of the
+                                DFLASH branch of _handle_speculative_decoding
+                                (validation, target/draft token split); the budget's
+                                buffers added to the static-memory reserve.
+  speculative/dflash_worker.py  __init__: draft args get the block (args.apply_to_draft_args),
+                                block_size from args.draft_block_size, hybrid-model
+                                check, oracle; _prepare_for_speculative_decoding: the tree
+                                instead of the argmax chain.
+  model_executor/cuda_graph_runner.py
+                                can_run: guards.check_graph_batch (tokens-per-request
+                                mismatch -> VerifyShapeError); get_spec_info for DFLASH
+                                uses the runner's own num_tokens_per_bs.
+  layers/attention/triton_backend.py
+                                target verify (eager, capture, replay):
+                                guards.check_backend_tokens; capture records whether the
+                                graph reads the custom mask, replay refuses a step whose
+                                mask presence differs (guards.check_replay_mask);
+                                init_cuda_graph_state sizes its buffers with
+                                buffers.triton_graph_sizes (per request, not per verified
+                                token, for the TARGET_VERIFY-only DFlash runners).
+
+Graph mode: the draft graph's hidden states are consumed (lm_head matmul) and
+the target graph's logits and hidden states are consumed (argmax / probs, index
+copies) within the step that produced them, before either graph replays again.
+Eager mode (--disable-cuda-graph, or batches above cuda-graph-max-bs) runs the
+same code with the same sizes.
+"""

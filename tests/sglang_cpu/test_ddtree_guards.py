@@ -1,0 +1,164 @@
+"""Tokens-per-request and mask guards, called through the real patched CudaGraphRunner and
+TritonAttnBackend methods; and every full patched file compiles."""
+
+from __future__ import annotations
+
+import py_compile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+FULL = Path(__file__).resolve().parents[2] / "patches" / "sglang-0.5.11" / "full"
+
+
+@pytest.mark.parametrize("path", sorted(FULL.rglob("*.py")), ids=lambda p: str(p.relative_to(FULL)))
+def test_full_patched_file_compiles(path, tmp_path):
+    py_compile.compile(str(path), cfile=str(tmp_path / "out.pyc"), doraise=True)
+
+
+def dflash_verify(n, custom_mask=None):
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+    return DFlashVerifyInput(draft_token=None, positions=None, draft_token_num=n, custom_mask=custom_mask)
+
+
+def graph_runner(tokens_per_request: int, is_draft: bool):
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    runner = object.__new__(CudaGraphRunner)
+    runner.capture_forward_mode = ForwardMode.TARGET_VERIFY
+    runner.capture_hidden_mode = CaptureHiddenMode.FULL
+    runner.num_tokens_per_bs = tokens_per_request
+    runner.model_runner = SimpleNamespace(
+        is_draft_worker=is_draft, spec_algorithm=SimpleNamespace(is_ngram=lambda: False)
+    )
+    runner.require_mlp_tp_gather = False
+    runner.require_mlp_sync = False
+    runner.record_nolora_graph = False
+    runner.enable_pdmux = False
+    runner.disable_padding = False
+    runner.max_bs = 16
+    runner.is_encoder_decoder = False
+    runner.enable_two_batch_overlap = False
+    return runner
+
+
+def verify_batch(bs: int, tokens_per_request: int, spec_info):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    return SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=bs,
+        input_ids=torch.zeros(bs * tokens_per_request, dtype=torch.long),
+        spec_info=spec_info,
+        replace_embeds=None,
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+        lora_ids=None,
+    )
+
+
+def test_graph_runner_runs_matching_verify_batches(patched_sglang):
+    runner = graph_runner(17, is_draft=False)
+    assert runner.can_run(verify_batch(4, 17, dflash_verify(17))) is True
+
+
+@pytest.mark.parametrize(
+    "is_draft, graph_tokens, batch_tokens, spec_tokens",
+    [(False, 17, 8, 8), (True, 8, 17, 17), (False, 17, 17, 8)],
+)
+def test_graph_runner_refuses_a_tokens_per_request_mismatch(patched_sglang, is_draft, graph_tokens, batch_tokens, spec_tokens):
+    from k26_ddtree.sglang.guards import VerifyShapeError
+
+    runner = graph_runner(graph_tokens, is_draft=is_draft)
+    role = "draft" if is_draft else "target"
+    with pytest.raises(VerifyShapeError, match=f"{role} verify CUDA graph is built for {graph_tokens} tokens"):
+        runner.can_run(verify_batch(3, batch_tokens, dflash_verify(spec_tokens)))
+
+
+def triton_backend(num_draft_tokens: int, captured_with_mask):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    backend = object.__new__(TritonAttnBackend)
+    backend.num_draft_tokens = num_draft_tokens
+    backend.cuda_graph_verify_uses_mask = captured_with_mask
+    return backend
+
+
+def replay(backend, spec_info):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend.init_forward_metadata_replay_cuda_graph(
+        2, torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 2, None,
+        ForwardMode.TARGET_VERIFY, spec_info, seq_lens_cpu=None,
+    )
+
+
+def test_triton_replay_refuses_a_mismatched_verify_input(patched_sglang):
+    from k26_ddtree.sglang.guards import VerifyShapeError
+
+    with pytest.raises(VerifyShapeError, match="graph replay.*sized for 9 .* has 8"):
+        replay(triton_backend(9, True), dflash_verify(8, custom_mask=torch.ones(4, dtype=torch.bool)))
+
+
+def test_triton_replay_refuses_a_missing_or_ignored_mask(patched_sglang):
+    from k26_ddtree.sglang.guards import VerifyShapeError
+
+    with pytest.raises(VerifyShapeError, match="previous step's mask"):
+        replay(triton_backend(9, True), dflash_verify(9))
+    with pytest.raises(VerifyShapeError, match="would ignore"):
+        replay(triton_backend(9, False), dflash_verify(9, custom_mask=torch.ones(4, dtype=torch.bool)))
+
+
+def test_triton_eager_verify_refuses_a_mismatch(patched_sglang):
+    from k26_ddtree.sglang.guards import VerifyShapeError
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend = triton_backend(9, None)
+    backend.kv_indptr = torch.zeros(8, dtype=torch.int32)
+    backend.window_kv_indptr = None
+    forward_batch = SimpleNamespace(
+        batch_size=2, spec_info=dflash_verify(17), forward_mode=ForwardMode.TARGET_VERIFY
+    )
+    with pytest.raises(VerifyShapeError, match="eager verify"):
+        backend.init_forward_metadata(forward_batch)
+
+
+def test_guards_ignore_other_algorithms():
+    from k26_ddtree.sglang.guards import check_backend_tokens, check_replay_mask
+
+    eagle_like = SimpleNamespace(spec_input_type=SimpleNamespace(name="EAGLE_VERIFY"), draft_token_num=5)
+    check_backend_tokens("graph replay", 9, eagle_like)
+    check_replay_mask(True, eagle_like)
+
+
+def test_triton_graph_buffers_of_dflash_runners_are_per_request(patched_sglang):
+    """Decode-only buffers and kv_indices per request, the custom mask per token and a
+    whole req_to_token row wide; other algorithms keep SGLang's per-token sizes."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    def backend(verify_only):
+        b = object.__new__(TritonAttnBackend)
+        b.cuda_graph_verify_only = verify_only
+        b.num_head, b.max_kv_splits, b.v_head_dim, b.swa_v_head_dim = 2, 4, 8, None
+        b.device = torch.device("cpu")
+        b.max_context_len = 100
+        b.req_to_token = torch.zeros(5, 100 + 4 + 17, dtype=torch.int32)
+        b.skip_prefill = False
+        b.sliding_window_size = None
+        return b
+
+    dflash = backend(True)
+    dflash.init_cuda_graph_state(4, 4 * 17)
+    assert dflash.cuda_graph_attn_logits.shape[0] == 4
+    assert dflash.cuda_graph_attn_lse.shape[0] == 4 and dflash.cuda_graph_num_kv_splits.shape == (4,)
+    assert dflash.cuda_graph_kv_indices.numel() == 4 * 121
+    assert dflash.cuda_graph_custom_mask.numel() == 4 * 17 * 121
+
+    other = backend(False)
+    other.init_cuda_graph_state(4, 4 * 17)
+    assert other.cuda_graph_attn_logits.shape[0] == 4 * 17
+    assert other.cuda_graph_kv_indices.numel() == 4 * 17 * 100
+    assert other.cuda_graph_custom_mask.numel() == 4 * 17 * 100

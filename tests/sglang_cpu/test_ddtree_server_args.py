@@ -1,0 +1,185 @@
+"""DDTree flags through the real patched ServerArgs: parsing, validation, the target/draft split."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+
+import pytest
+
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 151936,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def models(tmp_path):
+    """A tiny target config and a DFlash drafter config with block_size 8."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(QWEN3))
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    draft_config = dict(QWEN3, architectures=["DFlashDraftModel"], num_hidden_layers=2)
+    draft_config["dflash_config"] = {
+        "target_layer_ids": [1, 2],
+        "mask_token": "<|MASK|>",
+        "mask_token_id": 2,
+        "block_size": 8,
+    }
+    (draft / "config.json").write_text(json.dumps(draft_config))
+    return str(target), str(draft)
+
+
+def parse(argv):
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv))
+
+
+def cli(models, *extra):
+    target, draft = models
+    return [
+        "--model-path", target,
+        "--speculative-draft-model-path", draft,
+        "--device", "cpu",
+        "--skip-tokenizer-init",
+        *extra,
+    ]
+
+
+def test_flags_turn_ddtree_on_and_split_target_from_draft(patched_sglang, models):
+    from k26_ddtree.sglang.args import DDTreeConfig, apply_to_draft_args, draft_block_size
+
+    args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
+                     "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk", "8"))
+    assert args.speculative_algorithm == "DFLASH"
+    assert args.speculative_num_draft_tokens == 17
+    assert args.speculative_dflash_block_size == 8
+    assert DDTreeConfig.from_server_args(args) == DDTreeConfig(budget=16, topk=8, spine=False, block_size=8)
+    assert draft_block_size(args) == 8
+
+    draft_args = copy.deepcopy(args)
+    apply_to_draft_args(draft_args)
+    assert draft_args.speculative_num_draft_tokens == 8
+    assert args.speculative_num_draft_tokens == 17, "the draft copy must not leak into the target"
+
+
+def test_ddtree_spelling_means_dflash_with_defaults(patched_sglang, models):
+    args = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
+                     "--speculative-ddtree-spine"))
+    assert args.speculative_algorithm == "DFLASH"
+    assert (args.speculative_ddtree_budget, args.speculative_ddtree_topk) == (8, 4)
+    assert args.speculative_ddtree_spine is True
+    assert args.speculative_num_draft_tokens == 9
+
+
+def test_linear_dflash_is_untouched(patched_sglang, models):
+    from k26_ddtree.sglang.args import DDTreeConfig, draft_block_size
+
+    args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
+    assert args.speculative_num_draft_tokens == 8
+    assert args.speculative_ddtree_budget is None
+    assert DDTreeConfig.from_server_args(args) is None
+    assert draft_block_size(args) == 8
+
+
+def test_explicit_block_size_and_matching_num_draft_tokens(patched_sglang, models):
+    args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
+                     "--speculative-dflash-block-size", "4", "--speculative-num-draft-tokens", "13",
+                     "--speculative-ddtree-budget", "12", "--speculative-ddtree-topk", "3"))
+    assert (args.speculative_dflash_block_size, args.speculative_num_draft_tokens) == (4, 13)
+
+
+def test_resolution_is_idempotent(patched_sglang, models):
+    from sglang.srt.server_args import ServerArgs
+
+    args = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
+                     "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk", "4"))
+    again = ServerArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)})
+    assert (again.speculative_num_draft_tokens, again.speculative_dflash_block_size) == (33, 8)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--speculative-ddtree-budget", "0"], "must be >= 1"),
+        (["--speculative-ddtree-budget", "4", "--speculative-ddtree-topk", "0"], "must be >= 1"),
+        (["--speculative-ddtree-budget", "8", "--speculative-ddtree-topk", "1"], "larger than the 7 distinct"),
+        (["--speculative-ddtree-budget", "64", "--speculative-ddtree-topk", "2",
+          "--speculative-dflash-block-size", "6"], "larger than the 62 distinct"),
+        (["--speculative-ddtree-topk", "4"], "need --speculative-ddtree-budget"),
+        (["--speculative-ddtree-spine"], "need --speculative-ddtree-budget"),
+        (["--speculative-ddtree-budget", "8", "--speculative-num-draft-tokens", "8"], r"budget \+ 1 = 9"),
+        (["--speculative-ddtree-budget", "8", "--page-size", "16"], "--page-size 1"),
+        (["--speculative-ddtree-budget", "2"], "needs budget >= 3"),
+        (["--speculative-ddtree-budget", "10", "--speculative-dflash-block-size", "16"], "needs budget >= 11"),
+    ],
+)
+def test_bad_flags_are_rejected_with_a_clear_message(patched_sglang, models, extra, message):
+    from k26_ddtree.sglang.args import DDTreeArgsError
+
+    with pytest.raises(DDTreeArgsError, match=message):
+        parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton", *extra))
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "fa3", "torch_native"])
+def test_attention_backend_other_than_triton_is_rejected(patched_sglang, models, backend):
+    from k26_ddtree.sglang.args import DDTreeArgsError
+
+    with pytest.raises(DDTreeArgsError, match="--attention-backend triton"):
+        parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", backend))
+
+
+def test_mixed_prefill_decode_backends_are_rejected(patched_sglang, models):
+    from k26_ddtree.sglang.args import DDTreeArgsError
+
+    with pytest.raises(DDTreeArgsError, match="--attention-backend triton"):
+        parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
+                  "--decode-attention-backend", "flashinfer"))
+
+
+def test_budget_needs_dflash(patched_sglang, models):
+    from k26_ddtree.sglang.args import DDTreeArgsError
+
+    with pytest.raises(DDTreeArgsError, match="needs --speculative-algorithm DFLASH"):
+        parse(cli(models, "--speculative-algorithm", "EAGLE", "--speculative-ddtree-budget", "8"))
+
+
+def test_hybrid_models_and_oversized_topk_are_rejected():
+    from types import SimpleNamespace
+
+    from k26_ddtree.sglang.args import DDTreeArgsError, check_target_runner
+
+    check_target_runner(SimpleNamespace(mambaish_config=None), vocab_size=1000, topk=8)
+    with pytest.raises(DDTreeArgsError, match="hybrid Mamba"):
+        check_target_runner(SimpleNamespace(mambaish_config=object()), vocab_size=1000, topk=8)
+    with pytest.raises(DDTreeArgsError, match="exceeds the vocabulary"):
+        check_target_runner(SimpleNamespace(mambaish_config=None), vocab_size=4, topk=8)
+
+
+def test_memory_estimate_grows_with_the_budget(patched_sglang, models):
+    from k26_ddtree.sglang.args import verify_reserved_mem_mb
+
+    small = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
+                      "--speculative-ddtree-budget", "8"))
+    large = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
+                      "--speculative-ddtree-budget", "64"))
+    linear = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
+    est = [verify_reserved_mem_mb(a, vocab_size=163840, context_len=32768) for a in (small, large)]
+    assert est[1] / est[0] == pytest.approx(65 / 9)
+    assert large.mem_fraction_static < small.mem_fraction_static <= linear.mem_fraction_static

@@ -1,0 +1,362 @@
+"""The DDTree verify step on small CPU tensors: custom mask, acceptance, path commit, and one
+whole prepare -> verify step against a fake batch with SGLang's field names."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from k26_ddtree.retrieve import tree_attention_mask
+from k26_ddtree.tree import DDTree
+from k26_ddtree.verify import verify_greedy
+
+# Two requests, N = 6 nodes each (budget 5, depth cap 3).
+#   request 0:  0 -> 1 -> 3 -> 5       request 1:  0 -> 1 -> 2 -> 3
+#                 \-> 2 -> 4                         \-> 4     \-> 5
+PARENTS = [[-1, 0, 0, 1, 2, 3], [-1, 0, 1, 2, 0, 1]]
+TOKENS = [[50, 11, 12, 13, 14, 15], [60, 21, 22, 23, 24, 25]]
+
+
+def hand_tree(parents=PARENTS, tokens=TOKENS, max_depth=3) -> DDTree:
+    depths = []
+    for row in parents:
+        d = []
+        for p in row:
+            d.append(0 if p < 0 else d[p] + 1)
+        depths.append(d)
+    n = len(parents[0])
+    return DDTree(
+        tokens=torch.tensor(tokens),
+        parents=torch.tensor(parents),
+        depths=torch.tensor(depths),
+        node_logws=-torch.arange(n, dtype=torch.float32).expand(len(parents), n).clone(),
+        max_depth=max_depth,
+    )
+
+
+def test_custom_mask_is_prefix_then_ancestor_mask_per_request(patched_sglang):
+    from k26_ddtree.sglang.verify_input import verify_custom_mask
+
+    tree = hand_tree()
+    ancestor = tree_attention_mask(tree)
+    prefix = torch.tensor([3, 0])
+    flat = verify_custom_mask(ancestor, prefix, prefix.clone())
+    n = 6
+    assert flat.dtype == torch.bool and flat.numel() == n * (3 + n) + n * (0 + n)
+    start = 0
+    for b, p in enumerate(prefix.tolist()):
+        rows = flat[start : start + n * (p + n)].view(n, p + n)
+        assert bool(rows[:, :p].all())
+        assert torch.equal(rows[:, p:], ancestor[b])
+        start += n * (p + n)
+
+
+def test_chain_tree_mask_equals_dflash_causal_mask(patched_sglang):
+    from k26_ddtree.sglang.verify_input import verify_custom_mask
+
+    n = 5
+    chain = hand_tree(parents=[list(range(-1, n - 1))] * 3, tokens=[list(range(n))] * 3, max_depth=n - 1)
+    prefix = torch.tensor([4, 1, 7])
+    flat = verify_custom_mask(tree_attention_mask(chain), prefix, prefix.clone())
+    # DFlash's layout (dflash_info.prepare_for_verify): k <= prefix + q, row-major per request.
+    expected = []
+    for p in prefix.tolist():
+        q = torch.arange(n).unsqueeze(1)
+        k = torch.arange(p + n).unsqueeze(0)
+        expected.append((k <= p + q).flatten())
+    assert torch.equal(flat, torch.cat(expected))
+
+
+def test_commit_path_keeps_accepted_slots_in_depth_order_and_frees_the_rest(patched_sglang):
+    from k26_ddtree.sglang.verify_input import commit_path, write_req_to_token
+
+    n = 6
+    node_slots = torch.tensor([[100, 101, 102, 103, 104, 105], [200, 201, 202, 203, 204, 205]])
+    hidden = torch.arange(2 * n * 2, dtype=torch.float32).view(2, n, 2)
+    # request 0 accepted 0 -> 2 -> 4 (non-first sibling, then its child), committing root + 2 drafts;
+    # request 1 accepted 0 -> 1 -> 5 but finished after its first token: commit_len 1.
+    path = torch.tensor([[0, 2, 4, -1], [0, 1, 5, -1]])
+    commit_lens = torch.tensor([3, 1], dtype=torch.int32)
+    commit = commit_path(path, commit_lens, node_slots, hidden)
+    assert commit.kept_slots.tolist() == [100, 102, 104, 200]
+    assert sorted(commit.freed_slots.tolist()) == [101, 103, 105, 201, 202, 203, 204, 205]
+    assert torch.equal(commit.hidden, hidden.view(2 * n, 2)[[0, 2, 4, 6]])
+
+    req_to_token = torch.full((4, 16), -7, dtype=torch.int32)
+    req_pool_indices = torch.tensor([3, 1])
+    prefix = torch.tensor([5, 9])
+    write_req_to_token(req_to_token, req_pool_indices, prefix, commit.kept_slots, commit_lens, path.shape[1])
+    assert req_to_token[3, 5:8].tolist() == [100, 102, 104]
+    assert req_to_token[1, 9:10].tolist() == [200]
+    assert int((req_to_token != -7).sum()) == 4
+
+
+def test_commit_path_full_depth(patched_sglang):
+    from k26_ddtree.sglang.verify_input import commit_path
+
+    node_slots = torch.arange(6).view(1, 6) + 10
+    hidden = torch.arange(6, dtype=torch.float32).view(1, 6, 1)
+    commit = commit_path(torch.tensor([[0, 1, 3, 5]]), torch.tensor([4]), node_slots, hidden)
+    assert commit.kept_slots.tolist() == [10, 11, 13, 15]
+    assert sorted(commit.freed_slots.tolist()) == [12, 14]
+    assert commit.hidden.view(-1).tolist() == [0.0, 1.0, 3.0, 5.0]
+
+
+def fake_tree_sampling_kernel(
+    *, predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs,
+    threshold_single, threshold_acc, deterministic,
+):
+    """sgl_kernel 0.4.2's tree_speculative_sampling_target_only, step for step: the depth is
+    accept_index.size(1) - 1, a rejected child's target mass goes into draft_probs at its
+    parent's row, and the bonus is drawn from relu(target - draft) at the last accepted node."""
+    assert float(draft_probs.abs().sum()) == 0.0, "draft_probs must be zeroed before every call"
+    assert (threshold_single, threshold_acc) == (1.0, 1.0)
+    bs, n = candidates.shape
+    for b in range(bs):
+        cur, accepted = 0, 0
+        accept_index[b, 0] = int(retrive_index[b, 0])
+        for level in range(1, accept_index.shape[1]):
+            coin = float(uniform_samples[b, cur])  # one coin per visited node, reused across its children
+            child, mass, moved = int(retrive_next_token[b, cur]), 0.0, False
+            while child != -1:
+                token = int(candidates[b, child])
+                p = float(target_probs[b, cur, token])
+                mass += p
+                if coin <= mass / threshold_acc or p >= threshold_single:
+                    predicts[int(retrive_index[b, cur])] = token
+                    cur, moved = child, True
+                    accepted += 1
+                    accept_index[b, accepted] = int(retrive_index[b, child])
+                    break
+                draft_probs[b, cur, token] = p
+                child = int(retrive_next_sibling[b, child])
+            if not moved:
+                break
+        accept_token_num[b] = accepted
+        residual = (target_probs[b, cur] - draft_probs[b, cur]).clamp(min=0)
+        cdf = (residual / residual.sum()).cumsum(0)
+        predicts[int(retrive_index[b, cur])] = int(torch.searchsorted(cdf, uniform_samples_for_final_sampling[b]))
+
+
+def one_hot_targets(tree: DDTree, target_next: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(target_next, vocab).float()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_kernel_path_decodes_like_the_greedy_walk_on_one_hot_targets(patched_sglang, seed):
+    from k26_ddtree.sglang.verify_input import kernel_sampling
+
+    tree = hand_tree()
+    gen = torch.Generator().manual_seed(seed)
+    # target argmax: mostly the tree's children, sometimes not
+    target_next = torch.randint(10, 30, (2, 6), generator=gen)
+    target_next[0, 0], target_next[0, 2] = 12, 14
+    target_next[1, 0] = 21
+    acc_kernel = kernel_sampling(tree, one_hot_targets(tree, target_next, 64), fake_tree_sampling_kernel)
+    acc_walk = verify_greedy(tree, target_next)
+    assert torch.equal(acc_kernel.accept_len, acc_walk.accept_len)
+    assert torch.equal(acc_kernel.path, acc_walk.path)
+    assert torch.equal(acc_kernel.next_token, acc_walk.next_token)
+
+
+def test_kernel_path_accepts_non_first_siblings_with_their_law(patched_sglang):
+    from k26_ddtree.sglang.verify_input import kernel_sampling
+
+    draws = 3000
+    tree = hand_tree(parents=[[-1, 0, 0, 0]] * draws, tokens=[[9, 1, 2, 3]] * draws, max_depth=1)
+    probs = torch.zeros(draws, 4, 8)
+    probs[:, 0, 1], probs[:, 0, 2], probs[:, 0, 5] = 0.2, 0.5, 0.3
+    probs[:, 1:, 7] = 1.0
+    torch.manual_seed(0)
+    acc = kernel_sampling(tree, probs, fake_tree_sampling_kernel)
+    accepted = tree.tokens.gather(1, acc.path[:, 1:2].clamp(min=0)).squeeze(1)
+    first = torch.where(acc.accept_len > 0, accepted, acc.next_token)
+    freq = torch.bincount(first, minlength=8).float() / draws
+    assert freq[[1, 2, 5]].tolist() == pytest.approx([0.2, 0.5, 0.3], abs=0.04)
+
+
+def test_target_probs_applies_temperature_top_k_and_top_p(patched_sglang):
+    from k26_ddtree.sglang.verify_input import target_probs
+
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).repeat(4, 1)  # 2 requests x 2 nodes
+    info = SimpleNamespace(
+        temperatures=torch.tensor([[1.0], [1.0]]),
+        top_ks=torch.tensor([2, 4]),
+        top_ps=torch.tensor([1.0, 0.65]),
+        need_top_k_sampling=True,
+        need_top_p_sampling=True,
+    )
+    probs = target_probs(logits, info, 2)
+    assert probs.shape == (2, 2, 4)
+    torch.testing.assert_close(probs[0, 0], torch.tensor([0.4, 0.3, 0.0, 0.0]) / 0.7)
+    torch.testing.assert_close(probs[1, 1], torch.tensor([0.4, 0.3, 0.0, 0.0]) / 0.7)
+
+
+class FakeAllocator:
+    def __init__(self, first_slot: int):
+        self.next_slot = first_slot
+        self.freed: list[int] = []
+
+    def alloc(self, n: int) -> torch.Tensor:
+        slots = torch.arange(self.next_slot, self.next_slot + n)
+        self.next_slot += n
+        return slots
+
+    def available_size(self) -> int:
+        return 1 << 20
+
+    def free(self, slots: torch.Tensor) -> None:
+        self.freed.extend(slots.tolist())
+
+
+class FakeReq:
+    def __init__(self, output_ids, stop_token=None):
+        self.output_ids = list(output_ids)
+        self.stop_token = stop_token
+        self.grammar = None
+        self.spec_verify_ct = 0
+        self.spec_accepted_drafts = 0
+        self.histogram: list[int] = []
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self._finished = False
+
+    def check_finished(self):
+        self._finished = self.output_ids[-1] == self.stop_token
+
+    def finished(self):
+        return self._finished
+
+    def update_spec_acceptance_histogram(self, accepted: int):
+        self.histogram.append(accepted)
+
+
+def fake_batch(reqs, prefix_lens, req_pool_indices, allocator):
+    seq_lens = torch.tensor(prefix_lens, dtype=torch.int64)
+    return SimpleNamespace(
+        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        batch_size=lambda: len(reqs),
+        reqs=reqs,
+        device=torch.device("cpu"),
+        sampling_info=None,
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=int(seq_lens.sum()),
+        req_pool_indices=torch.tensor(req_pool_indices),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.full((4, 32), -1, dtype=torch.int32)),
+        tree_cache=SimpleNamespace(is_chunk_cache=lambda: True, token_to_kv_pool_allocator=allocator),
+        token_to_kv_pool_allocator=allocator,
+        input_ids=None,
+        out_cache_loc=None,
+    )
+
+
+def test_one_tree_step_prepare_verify_commit(patched_sglang):
+    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+
+    tree = hand_tree()
+    n, vocab = 6, 64
+    allocator = FakeAllocator(first_slot=1000)
+    reqs = [FakeReq([7, 50]), FakeReq([8, 60], stop_token=24)]
+    batch = fake_batch(reqs, prefix_lens=[4, 2], req_pool_indices=[2, 0], allocator=allocator)
+
+    verify_input = DDTreeVerifyInput.from_tree(tree, batch.seq_lens)
+    assert verify_input.draft_token_num == n
+    assert verify_input.positions.view(2, n).tolist() == [[4, 5, 5, 6, 6, 7], [2, 3, 4, 5, 3, 4]]
+    verify_input.prepare_for_verify(batch, 1, build_custom_mask=True)
+    assert torch.equal(batch.input_ids, tree.tokens.reshape(-1))
+    assert batch.out_cache_loc.tolist() == list(range(1000, 1012))
+    assert batch.req_to_token_pool.req_to_token[2, 4:10].tolist() == list(range(1000, 1006))
+    assert verify_input.custom_mask.numel() == n * (4 + n) + n * (2 + n)
+
+    # Target argmax after every node. Request 0: after root 12 (node 2, the second sibling),
+    # after node 2 -> 14 (node 4), after node 4 -> 33 (no child: bonus). Request 1: after root
+    # 24 (node 4) and 24 is its stop token, so the step commits one token.
+    target_next = torch.full((2, n), 40)
+    target_next[0, 0], target_next[0, 2], target_next[0, 4] = 12, 14, 33
+    target_next[1, 0] = 24
+    logits = torch.nn.functional.one_hot(target_next.view(-1), vocab).float()
+    hidden = torch.arange(2 * n, dtype=torch.float32).view(2 * n, 1).repeat(1, 3)
+    logits_output = SimpleNamespace(next_token_logits=logits, hidden_states=hidden)
+
+    new_verified, commit_lens, next_hidden, accepted = verify_input.verify(
+        batch=batch, logits_output=logits_output, page_size=1
+    )
+    assert reqs[0].output_ids == [7, 50, 12, 14, 33]
+    assert reqs[1].output_ids == [8, 60, 24]
+    assert new_verified.tolist() == [33, 24]
+    assert commit_lens.tolist() == [3, 1]
+    assert accepted == [2, 0]
+    assert [r.spec_verify_ct for r in reqs] == [1, 1]
+    assert [r.histogram for r in reqs] == [[2], [0]]
+    assert [r.kv_committed_len for r in reqs] == [3, 1]
+    # KV of root, node 2, node 4 (slots 1000, 1002, 1004) now at positions 4, 5, 6 of request 0
+    assert batch.req_to_token_pool.req_to_token[2, 4:7].tolist() == [1000, 1002, 1004]
+    assert batch.req_to_token_pool.req_to_token[0, 2:3].tolist() == [1006]
+    assert sorted(allocator.freed) == [1001, 1003, 1005] + list(range(1007, 1012))
+    assert batch.out_cache_loc.tolist() == [1000, 1002, 1004, 1006]
+    assert next_hidden[:, 0].tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert batch.seq_lens.tolist() == [7, 3] and batch.seq_lens_cpu.tolist() == [7, 3]
+    assert batch.seq_lens_sum == 10
+    assert logits_output.hidden_states is None
+
+
+def test_prepare_refuses_backends_without_tree_mask(patched_sglang):
+    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+
+    batch = fake_batch([FakeReq([1])], [3], [0], FakeAllocator(0))
+    verify_input = DDTreeVerifyInput.from_tree(hand_tree(parents=[PARENTS[0]], tokens=[TOKENS[0]]), batch.seq_lens)
+    with pytest.raises(RuntimeError, match="--attention-backend triton"):
+        verify_input.prepare_for_verify(batch, 1, build_custom_mask=False)
+
+
+class FakeSamplingInfo:
+    """SGLang's SamplingBatchInfo fields the verify step reads, for B identical requests."""
+
+    def __init__(self, batch: int, temperature: float, vocab: int):
+        self.is_all_greedy = False
+        self.temperatures = torch.full((batch, 1), temperature)
+        self.top_ks = torch.full((batch,), vocab)
+        self.top_ps = torch.ones(batch)
+        self.need_top_k_sampling = False
+        self.need_top_p_sampling = False
+        self.has_custom_logit_processor = False
+        self.penalizer_orchestrator = SimpleNamespace(is_required=False)
+        self.logit_bias = None
+        self._batch = batch
+
+    def __len__(self):
+        return self._batch
+
+
+def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
+    """Without the kernel (CPU) the step samples through verify_sampling; the first two
+    committed tokens must follow the target's autoregressive law at temperature 0.7."""
+    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+
+    draws, vocab, temperature = 40000, 6, 0.7
+    # root -> {1, 2}; node 1 -> {3}; tokens chosen so some children carry mass, some not
+    one = hand_tree(parents=[[-1, 0, 0, 1]], tokens=[[5, 1, 2, 3]], max_depth=2)
+    tree = DDTree(*(t.expand(draws, -1).clone() for t in (one.tokens, one.parents, one.depths, one.node_logws)), max_depth=2)
+    gen = torch.Generator().manual_seed(0)
+    node_logits = torch.randn(4, vocab, generator=gen) * 1.5
+    node_logits[0, 1] += 3.0  # the root's first child is likely, so its subtree gets many draws
+    logits = node_logits.repeat(draws, 1)
+    verify_input = DDTreeVerifyInput.from_tree(tree, torch.zeros(draws, dtype=torch.long))
+    batch = SimpleNamespace(batch_size=lambda: draws, sampling_info=FakeSamplingInfo(draws, temperature, vocab))
+    torch.manual_seed(1)
+    acc = verify_input._accept(batch, logits)
+    tokens = torch.where(acc.accept_len > 0, tree.tokens[0, acc.path[:, 1].clamp(min=0)], acc.next_token)
+
+    law = torch.softmax(node_logits / temperature, dim=1)
+    freq = torch.bincount(tokens, minlength=vocab).float() / draws
+    assert torch.allclose(freq, law[0], atol=0.01)
+    # second token given first = 1 follows node 1's law (its child 3 included)
+    after_one = acc.accept_len > 0
+    after_one &= acc.path[:, 1] == 1
+    second = torch.where(acc.accept_len > 1, 3, acc.next_token)[after_one]
+    freq2 = torch.bincount(second, minlength=vocab).float() / second.numel()
+    assert torch.allclose(freq2, law[1], atol=0.02)

@@ -1,0 +1,213 @@
+"""The patched DFlashWorker's decode step with DDTree on, on CPU: the real
+_prepare_for_speculative_decoding with fake runners around it, then the verify
+and commit of the verify input it produced."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+VOCAB = 32
+BLOCK = 4
+MASK_ID = 3
+
+
+class ScratchAllocator:
+    """The draft block's scratch slots: allocated, then restored by the worker."""
+
+    def __init__(self):
+        self.next_slot = 500
+        self.restored = False
+
+    def backup_state(self):
+        return self.next_slot
+
+    def restore_state(self, state):
+        self.next_slot = state
+        self.restored = True
+
+    def alloc(self, n):
+        slots = torch.arange(self.next_slot, self.next_slot + n)
+        self.next_slot += n
+        return slots
+
+
+class TritonAttnBackend:
+    """Named like SGLang's, so DFlash's mask policy builds the custom mask."""
+
+
+def torch_assign(req_pool_indices, req_to_token, start, end, out_cache_loc, bs):
+    offset = 0
+    for b in range(bs):
+        length = int(end[b] - start[b])
+        req_to_token[int(req_pool_indices[b]), int(start[b]) : int(end[b])] = out_cache_loc[offset : offset + length]
+        offset += length
+
+
+def lm_head(patched_sglang):
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    shard = VocabParallelEmbedding._get_indices(VOCAB, VOCAB, VOCAB, VOCAB, 0, 1)
+    return SimpleNamespace(weight=torch.eye(VOCAB) * 4.0, shard_indices=shard)
+
+
+def draft_logits(rows):
+    """Hidden states whose lm_head logits rank `rows[i]` first, second, ... at draft row i."""
+    hidden = torch.zeros(len(rows), VOCAB)
+    for i, ranked in enumerate(rows):
+        for r, token in enumerate(ranked):
+            hidden[i, token] = 3.0 - r
+    return hidden
+
+
+def make_worker(patched_sglang, monkeypatch, draft_hidden):
+    from k26_ddtree.sglang.args import DDTreeConfig
+    from sglang.srt.speculative import dflash_worker
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    monkeypatch.setattr(dflash_worker, "assign_req_to_token_pool_func", torch_assign)
+    monkeypatch.setattr(dflash_worker, "get_tp_group", lambda: SimpleNamespace(world_size=1))
+    worker = object.__new__(dflash_worker.DFlashWorker)
+    embed = torch.nn.Embedding(VOCAB, VOCAB)
+    target_model = SimpleNamespace(get_input_embeddings=lambda: embed, lm_head=lm_head(patched_sglang))
+    worker.target_worker = SimpleNamespace(model_runner=SimpleNamespace(model=target_model))
+    worker.model_runner = SimpleNamespace(attn_backend=TritonAttnBackend(), device="cpu")
+    forwards = []
+
+    def draft_forward(forward_batch):
+        forwards.append(forward_batch)
+        return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=draft_hidden))
+
+    worker.draft_model_runner = SimpleNamespace(
+        token_to_kv_pool_allocator=ScratchAllocator(),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(4, 64, dtype=torch.int32)),
+        token_to_kv_pool=None,
+        attn_backend=None,
+        forward=draft_forward,
+    )
+    worker.device = "cpu"
+    worker.page_size = 1
+    worker.tp_rank = 0
+    worker.block_size = BLOCK
+    worker.ddtree = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
+    worker._ddtree_oracle = None
+    worker._mask_token_id = MASK_ID
+    worker._warned_sampling_fallback = False
+    worker._block_pos_offsets = torch.arange(BLOCK)
+    for name in ("ids", "positions", "tokens", "end"):
+        setattr(worker, f"_draft_block_{name}_buf", None)
+    worker._draft_seq_lens_cpu_buf = None
+    worker._draft_block_spec_info = DFlashVerifyInput(
+        draft_token=torch.empty(0, dtype=torch.long), positions=torch.empty(0, dtype=torch.long),
+        draft_token_num=BLOCK, custom_mask=None, capture_hidden_mode=CaptureHiddenMode.NULL,
+    )
+    worker._append_target_hidden_to_draft_kv = lambda batch, draft_input: None
+    return worker, forwards
+
+
+class Allocator:
+    def __init__(self):
+        self.next_slot = 100
+        self.freed = []
+
+    def alloc(self, n):
+        slots = torch.arange(self.next_slot, self.next_slot + n)
+        self.next_slot += n
+        return slots
+
+    def free(self, slots):
+        self.freed.extend(slots.tolist())
+
+
+class Req:
+    def __init__(self, output_ids):
+        self.output_ids = list(output_ids)
+        self.grammar = None
+        self.spec_verify_ct = self.spec_accepted_drafts = self.kv_committed_len = self.kv_allocated_len = 0
+        self.histogram = []
+
+    def check_finished(self):
+        pass
+
+    def finished(self):
+        return False
+
+    def update_spec_acceptance_histogram(self, n):
+        self.histogram.append(n)
+
+
+def test_decode_step_drafts_a_tree_verifies_it_and_commits_the_path(patched_sglang, monkeypatch):
+    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    # One request; draft positions 1..3 rank (10, 11), (12, 13), (14, 15) first and second.
+    draft_hidden = torch.cat([torch.zeros(1, VOCAB), draft_logits([[10, 11], [12, 13], [14, 15]])])
+    worker, forwards = make_worker(patched_sglang, monkeypatch, draft_hidden)
+    allocator = Allocator()
+    seq_lens = torch.tensor([6])
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        has_grammar=False,
+        sampling_info=None,
+        batch_size=lambda: 1,
+        reqs=[Req([1, 2, 9])],
+        device=torch.device("cpu"),
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=6,
+        req_pool_indices=torch.tensor([1]),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.full((4, 64), -1, dtype=torch.int32)),
+        tree_cache=SimpleNamespace(is_chunk_cache=lambda: True, token_to_kv_pool_allocator=allocator),
+        token_to_kv_pool_allocator=allocator,
+        spec_info=None,
+        input_ids=None,
+        out_cache_loc=None,
+        return_hidden_states=True,
+    )
+    draft_input = SimpleNamespace(verified_id=torch.tensor([9]), draft_seq_lens=torch.tensor([6], dtype=torch.int32))
+
+    worker._prepare_for_speculative_decoding(batch, draft_input)
+
+    (draft_batch,) = forwards
+    assert draft_batch.forward_mode == ForwardMode.TARGET_VERIFY
+    assert draft_batch.input_ids.tolist() == [9, MASK_ID, MASK_ID, MASK_ID]
+    assert worker.draft_model_runner.token_to_kv_pool_allocator.restored
+    verify_input = batch.spec_info
+    assert isinstance(verify_input, DDTreeVerifyInput)
+    assert batch.forward_mode == ForwardMode.TARGET_VERIFY
+    assert verify_input.draft_token_num == 6
+    tree = verify_input.tree
+    assert tree.tokens[0, 0] == 9 and tree.tokens[0, 1:4].tolist() == [10, 12, 14], "rank-0 chain first"
+    assert set(tree.tokens[0, 4:].tolist()) <= {11, 13, 15}
+    assert verify_input.positions.tolist() == (6 + tree.depths[0]).tolist()
+    assert verify_input.custom_mask.numel() == 6 * (6 + 6)
+    assert batch.input_ids.tolist() == tree.tokens[0].tolist()
+
+    # Target: accepts 10, then prefers the second-ranked 13 at depth 2 if the tree has it.
+    n = 6
+    node_of = {tuple(): 0}
+    for i in range(1, n):
+        parent_path = next(p for p, j in node_of.items() if j == int(tree.parents[0, i]))
+        node_of[parent_path + (int(tree.tokens[0, i]),)] = i
+    target_next = torch.full((n,), 31)
+    target_next[0] = 10
+    target_next[node_of[(10,)]] = 13
+    if (10, 13) in node_of:
+        target_next[node_of[(10, 13)]] = 30
+        expected = [10, 13, 30]
+    else:
+        expected = [10, 13]
+    logits = torch.nn.functional.one_hot(target_next, VOCAB).float()
+    hidden = torch.arange(n, dtype=torch.float32).view(n, 1)
+    new_verified, commit_lens, next_hidden, accepted = verify_input.verify(
+        batch=batch, logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden), page_size=1
+    )
+    assert batch.reqs[0].output_ids == [1, 2, 9] + expected
+    assert new_verified.tolist() == [expected[-1]]
+    assert commit_lens.tolist() == [len(expected)]
+    path_nodes = [0] + [node_of[tuple(expected[:k])] for k in range(1, len(expected))]
+    assert next_hidden.view(-1).tolist() == [float(i) for i in path_nodes]
+    assert batch.req_to_token_pool.req_to_token[1, 6 : 6 + len(expected)].tolist() == [100 + i for i in path_nodes]
+    assert sorted(allocator.freed) == sorted(100 + i for i in range(n) if i not in path_nodes)
