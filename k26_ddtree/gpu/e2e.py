@@ -1,0 +1,591 @@
+"""The GPU proving-ground runner: real sglang servers, one matrix run, one JSON + markdown table.
+
+    python tests/gpu/e2e.py --matrix tests/gpu/matrix.json --run 1 \
+        --site /tmp/k26/site --models /tmp/k26/models --out $OUT
+
+All servers of the run start at once on the one GPU (own port, small static memory
+fraction); the `ar` server's greedy outputs with top-2 log-probs are the reference
+and become the oracle file (K26_DDTREE_ORACLE) for `-oracle` servers (which start in
+a second wave unless --oracle-file carries an earlier run's); every other server runs
+its workloads concurrently once the reference exists. DDTree servers run on a patched
+copy of the site (`python -m k26_ddtree apply --sglang-dir COPY/sglang`); AR and DFLASH
+run on the pristine site. The report is written by --deadline-s whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.gpu import lossless, matrix
+
+ORACLE_ENV = "K26_DDTREE_ORACLE"
+REQUEST_TIMEOUT_S = 300
+MIN_WORKLOAD_S = 15
+STOP_TIMEOUT_S = 20
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# NVLink multicast stays off on the lent machines (device KINDS.md).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+_CAPTURE = re.compile(r"Capture (.+?) end\. Time elapsed: ([\d.]+) s")
+_FATAL = re.compile(r"Traceback|CUDA error|CUBLAS_STATUS|illegal memory access|device-side assert|Segmentation fault")
+# The bundle leaves out openai_harmony (OpenAI Responses API only): sglang logs that traceback and serves on.
+_BENIGN = re.compile(r"Can not initialize OpenAIServingResponses")
+
+
+def say(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Server:
+    spec: matrix.ServerSpec
+    port: int
+    log: Path
+    proc: subprocess.Popen | None = None
+    status: str = "not started"
+    launched_at: float = 0.0
+    ready_s: float | None = None
+    peak_mem_mib: int = 0
+    pids: set = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+# --- http ----------------------------------------------------------------------------------------
+
+def post_json(url: str, payload: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with _OPENER.open(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def get_json(url: str, timeout: float = 30) -> dict | None:
+    try:
+        with _OPENER.open(url, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def launch(server: Server, python: str, models: Path, settings: dict, env: dict) -> None:
+    cmd = [python] + matrix.server_command(server.spec, models, server.port, settings)
+    server.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(server.log, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        # cwd outside any checkout: `python -m` puts the cwd first on sys.path, and a source tree
+        # there would shadow the site's packages.
+        server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=server.log.parent,
+                                       start_new_session=True)
+    server.status = "starting"
+    server.launched_at = time.time()
+
+
+def stop(server: Server) -> None:
+    """SIGTERM the server's process group, SIGKILL it after STOP_TIMEOUT_S (sglang drains without a deadline)."""
+    if server.proc is None or server.proc.poll() is not None:
+        return
+    try:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        server.proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=STOP_TIMEOUT_S)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_ready(server: Server, timeout: float) -> None:
+    """Block until the server answers /health_generate (or dies / times out); ready_s counts from its launch."""
+    from k26_ddtree.deploy.readiness import wait_ready as deploy_wait_ready
+
+    probe = deploy_wait_ready(lambda: server.proc.pid if server.proc.poll() is None else -1, server.url, timeout,
+                              say=lambda m: None, interval=2.0)
+    if probe.ready:
+        server.status = "ready"
+        server.ready_s = round(time.time() - server.launched_at, 1)
+        server.pids = {server.proc.pid} | descendants(server.proc.pid)
+        say(f"{server.spec.name} ready after {server.ready_s} s")
+    else:
+        server.status = f"failed to start ({probe.state}: {probe.detail})"
+        say(f"{server.spec.name} {server.status}\n{log_tail(server.log)}")
+
+
+class MemorySampler(threading.Thread):
+    """Peak GPU memory per server: nvidia-smi's per-process usage summed over each server's process tree."""
+
+    def __init__(self, servers: list[Server], interval: float = 2.0):
+        super().__init__(daemon=True)
+        self.servers, self.interval = servers, interval
+        self.stop_event = threading.Event()
+        self.total_peak_mib = 0
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+                total = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                       capture_output=True, text=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            usage = {}
+            for line in out.stdout.splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                    usage[int(parts[0])] = int(parts[1])
+            for server in self.servers:
+                if server.proc is not None and server.proc.poll() is None:
+                    server.pids |= {server.proc.pid} | descendants(server.proc.pid)
+                    mine = sum(mib for pid, mib in usage.items() if pid in server.pids)
+                    server.peak_mem_mib = max(server.peak_mem_mib, mine)
+            first = total.stdout.strip().splitlines()[:1]
+            if first and first[0].strip().isdigit():
+                self.total_peak_mib = max(self.total_peak_mib, int(first[0].strip()))
+
+
+# --- workloads -----------------------------------------------------------------------------------
+
+def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_tokens: int, want_logprobs: bool,
+                 deadline: float):
+    """Send the workload's requests; returns (results in prompt order, wall seconds)."""
+    concurrency = int(workload["concurrency"])
+    params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": float(workload["temperature"])}
+    if "top_p" in workload:
+        params["top_p"] = float(workload["top_p"])
+    count = max(concurrency, len(prompts))
+    jobs = [(i % len(prompts), prompts[i % len(prompts)]) for i in range(count)]
+
+    def one(job):
+        index, ids = job
+        payload = {"input_ids": ids, "sampling_params": params}
+        if want_logprobs:
+            payload.update(return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=False)
+        try:
+            out = post_json(server.url + "/generate", payload, timeout=max(5.0, min(REQUEST_TIMEOUT_S,
+                                                                                    deadline - time.time())))
+        except (OSError, ValueError) as err:
+            return {"prompt": index, "error": f"{type(err).__name__}: {err}"}
+        meta = out.get("meta_info", {})
+        ids_out = out.get("output_ids")
+        if ids_out is None:
+            return {"prompt": index, "error": "response has no output_ids"}
+        result = {"prompt": index, "output_ids": ids_out,
+                  "meta": {k: meta.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length",
+                                                    "e2e_latency")}}
+        if want_logprobs:
+            result["top2"] = [[[row[0], row[1]] for row in (pos or [])[:2]]
+                              for pos in meta.get("output_top_logprobs") or []]
+        return result
+
+    t = time.time()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(one, jobs))
+    return results, time.time() - t
+
+
+def cell_record(server: Server, wname: str, workload: dict, results, wall: float, reference, eps: float) -> dict:
+    errors = [r["error"] for r in results if "error" in r]
+    ok = [r for r in results if "error" not in r]
+    tokens = sum(len(r["output_ids"]) for r in ok)
+    cell = {"server": server.spec.name, "workload": wname, "requests": len(results), "errors": errors[:3],
+            "error_count": len(errors), "tokens": tokens, "wall_s": round(wall, 2),
+            "tok_per_s": round(tokens / wall, 1) if wall > 0 else None,
+            "accept_length": lossless.acceptance([r["meta"] for r in ok]) if server.spec.speculative else None}
+    if float(workload["temperature"]) == 0.0 and reference is not None:
+        divs = []
+        for r in ok:
+            ref = reference[r["prompt"]]
+            d = lossless.check_request(r["prompt"], ref["output_ids"], ref["top2"], r["output_ids"], eps)
+            if d is not None:
+                divs.append(d.as_dict())
+        cell["divergences"] = divs
+        cell["verdict"] = "FAIL" if errors else lossless.verdict([lossless.Divergence(**d) for d in divs])
+    else:
+        cell["verdict"] = "completed" if not errors and tokens else "FAIL"
+    return cell
+
+
+def serve_workloads(server: Server, names: list[str], spec: dict, prompts, reference, deadline: float,
+                    want_logprobs=False):
+    cells, raw = [], {}
+    for wname in names:
+        if server.status != "ready":
+            break
+        if deadline - time.time() < MIN_WORKLOAD_S:
+            server.status = f"cut off at the run deadline before {wname}"
+            break
+        workload = spec["workloads"][wname]
+        results, wall = run_workload(server, workload, prompts, spec["new_tokens"], want_logprobs, deadline)
+        raw[wname] = results
+        cell = cell_record(server, wname, workload, results, wall, reference, spec["eps"])
+        cells.append(cell)
+        say(f"{server.spec.name} {wname}: {cell['verdict']} tok/s {cell['tok_per_s']} accept {cell['accept_length']}")
+        if server.proc.poll() is not None:
+            server.status = f"crashed during {wname} (exit {server.proc.returncode})"
+    return cells, raw
+
+
+# --- patched site --------------------------------------------------------------------------------
+
+def patched_site(site: Path, work: Path, python: str, log: Path) -> tuple[Path | None, str]:
+    """A copy of the site (under `work`) with the DDTree patch set applied; (None, why) when that fails."""
+    dest = work / "site-ddtree"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(site, dest, symlinks=True)
+    env = dict(os.environ, PYTHONPATH=str(dest), **SAFE_ENV)
+    proc = subprocess.run([python, "-m", "k26_ddtree", "apply", "--sglang-dir", str(dest / "sglang")],
+                          capture_output=True, text=True, env=env, cwd=work, timeout=300)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return None, f"patch set apply failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-300:]}"
+    return dest, "applied"
+
+
+# --- report --------------------------------------------------------------------------------------
+
+def capture_seconds(log: Path) -> float | None:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = [float(m.group(2)) for m in _CAPTURE.finditer(text)]
+    return round(sum(found), 1) if found else None
+
+
+def fatal_lines(log: Path) -> list[str]:
+    try:
+        return [ln.strip()[:200] for ln in log.read_text(errors="replace").splitlines()
+                if _FATAL.search(ln) and not _BENIGN.search(ln)][:5]
+    except OSError:
+        return []
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# GPU proving ground, run {report['run']}",
+             "", f"{report['device']}; {report['new_tokens']} new tokens x {report['prompts']} prompts; "
+             f"eps {report['eps']}; AR reference top-2 gap: {report.get('reference_gaps')}",
+             f"total wall {report['wall_s']} s; GPU memory peak (all servers) {report['gpu_peak_mib']} MiB", "",
+             "| server | workload | verdict | accept len | tok/s | divergences (pos: gap) | start s | capture s | peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in report["servers"]:
+        if not s["cells"]:
+            lines.append(f"| {s['name']} | - | {s['status']} | | | | {s['ready_s']} | {s['capture_s']} | "
+                         f"{s['peak_mem_mib']} |")
+        for c in s["cells"]:
+            shown = c.get("divergences", [])
+            divs = ", ".join(f"p{d['prompt']}@{d['position']}: {d['gap'] if d['gap'] is None else round(d['gap'], 3)}"
+                             for d in shown[:6]) + (f" (+{len(shown) - 6} more in the JSON)" if len(shown) > 6 else "")
+            acc = "" if c["accept_length"] is None else f"{c['accept_length']:.2f}"
+            lines.append(f"| {s['name']} | {c['workload']} | {c['verdict']} | {acc} | {c['tok_per_s']} | {divs} | "
+                         f"{s['ready_s']} | {s['capture_s']} | {s['peak_mem_mib']} |")
+    lines += ["", f"Overall: **{report['overall']}**", ""]
+    return "\n".join(lines)
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip() or "unknown GPU"
+    except (OSError, subprocess.TimeoutExpired):
+        return "no nvidia-smi"
+
+
+def overall(servers_out: list[dict]) -> str:
+    """PASS, FAIL (what failed) or INCOMPLETE (what was skipped): a skipped server is not a pass."""
+    bad, skipped = [], []
+    for s in servers_out:
+        if s["status"].startswith("skipped"):
+            skipped.append(s["name"])
+        elif s["status"] != "stopped":
+            bad.append(f"{s['name']}: {s['status']}")
+        elif not s["cells"]:
+            bad.append(f"{s['name']}: served no workload")
+        bad += [f"{s['name']}/{c['workload']}: {c['verdict']}" for c in s["cells"] if c["verdict"] == "FAIL"]
+    if bad:
+        return "FAIL (" + "; ".join(bad) + ")"
+    return "INCOMPLETE (skipped: " + ", ".join(skipped) + ")" if skipped else "PASS"
+
+
+def write_outputs(out: Path, report: dict, logs: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "e2e.json.partial"
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(out / f"e2e-run{report['run']}.json")
+    (out / f"e2e-run{report['run']}.md").write_text(markdown(report))
+    with tarfile.open(out / f"logs-run{report['run']}.tar.xz", "w:xz") as tar:
+        tar.add(logs, arcname=f"logs-run{report['run']}")
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+class Stagger:
+    """Serialises launches with a pause: every server profiles free memory around its weight
+    load, and a neighbour allocating inside that window would shrink (or negate) its KV budget."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.lock = seconds, threading.Lock()
+
+    def launch(self, server: Server, python: str, models: Path, settings: dict, env: dict) -> None:
+        with self.lock:
+            launch(server, python, models, settings, env)
+            time.sleep(self.seconds)
+
+
+def write_oracle(path: Path, prompts: list[list[int]], reference: dict, seed: int, rank_policy: str) -> None:
+    oracle = {"seed": seed, "rank_policy": rank_policy,
+              "prompts": [{"input_ids": prompts[i], "ar_output_ids": reference[i]["output_ids"]}
+                          for i in range(len(prompts))]}
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps(oracle) + "\n")
+    tmp.replace(path)
+
+
+def oracle_agreement(carried: Path, reference: dict) -> dict:
+    """How far a carried oracle file's AR outputs agree with this run's AR (acceptance only, never correctness)."""
+    rows = json.loads(carried.read_text())["prompts"]
+    firsts = [lossless.first_divergence(row["ar_output_ids"], reference[i]["output_ids"])
+              for i, row in enumerate(rows) if i in reference]
+    return {"prompts_identical": sum(f is None for f in firsts),
+            "first_divergences": [f for f in firsts if f is not None]}
+
+
+def run(args) -> dict:
+    t0 = time.time()
+    deadline = t0 + args.deadline_s
+    for name in ("matrix", "site", "models", "out", "work", "jit_dir", "patched_site", "oracle_file"):
+        if getattr(args, name) is not None:
+            setattr(args, name, getattr(args, name).resolve())
+    spec = matrix.load(args.matrix)
+    names = spec["runs"].get(str(args.run))
+    if names is None:
+        raise UserError(f"matrix {args.matrix} has no run {args.run!r} (runs: {', '.join(spec['runs'])})")
+    if args.only:
+        names = [n for n in names if n in args.only or n == "ar"]
+    prompts_doc = json.loads((args.models / "prompts.json").read_text())
+    prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: spec["prompts"]]
+    work = args.work
+    args.out.mkdir(parents=True, exist_ok=True)
+    logs = work / "logs"
+    if logs.exists():
+        shutil.rmtree(logs)
+    logs.mkdir(parents=True)
+    jit = args.jit_dir
+    base_env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1",
+                    TRITON_CACHE_DIR=str(jit / "triton"), TVM_FFI_CACHE_DIR=str(jit / "tvm-ffi"),
+                    FLASHINFER_WORKSPACE_BASE=str(jit / "flashinfer"), TORCHINDUCTOR_CACHE_DIR=str(jit / "inductor"))
+    base_env.pop(ORACLE_ENV, None)
+    oracle_path = work / "oracle.json"
+    oracle_path.unlink(missing_ok=True)
+    carried_oracle = args.oracle_file if args.oracle_file and args.oracle_file.is_file() else None
+    if carried_oracle:
+        shutil.copyfile(carried_oracle, oracle_path)
+
+    servers = [Server(matrix.parse_server(n), args.base_port + i, logs / f"{n}.log") for i, n in enumerate(names)]
+    ddtree_site, why = None, ""
+    if args.patched_site:
+        ddtree_site, why = args.patched_site, "given with --patched-site"
+    elif any(s.spec.algo == "DDTREE" for s in servers):
+        say("applying the DDTree patch set to a copy of the site")
+        ddtree_site, why = patched_site(args.site, work, args.python, logs / "apply.log")
+        say(f"patch set: {why}")
+    envs = {}
+    for server in servers:
+        if server.spec.algo == "DDTREE" and ddtree_site is None:
+            server.status = f"skipped: {why}"
+            continue
+        site = ddtree_site if server.spec.algo == "DDTREE" else args.site
+        envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
+        if server.spec.oracle:
+            envs[server.spec.name][ORACLE_ENV] = str(oracle_path)
+
+    # The oracle reads its file when the server starts: without a carried file, -oracle
+    # servers start in a second wave, once this run's AR reference is written.
+    second_wave = {n for n in envs if matrix.parse_server(n).oracle and carried_oracle is None}
+    stagger = Stagger(float(spec["server"].get("launch_stagger_s", 0)))
+    ready_timeout = float(spec["server"]["ready_timeout_s"])
+
+    def timeout() -> float:
+        return max(1.0, min(ready_timeout, deadline - time.time() - MIN_WORKLOAD_S))
+    sampler = MemorySampler(servers)
+    sampler.start()
+    reference_ready = threading.Event()
+    shared: dict = {"reference": None, "ref_rows": [], "results": {}}
+
+    def ar_thread(ar: Server) -> None:
+        try:
+            ar_work(ar)
+        except Exception as err:  # noqa: BLE001 - a runner bug must end up in the report, not kill the run
+            ar.status = f"runner error: {type(err).__name__}: {err}"
+        finally:
+            reference_ready.set()
+
+    def ar_work(ar: Server) -> None:
+        wait_ready(ar, timeout())
+        cells, raw = serve_workloads(ar, spec["ar_workloads"], spec, prompts, None, deadline, want_logprobs=True)
+        rows = [r for r in raw.get("greedy-c1", []) if "error" not in r]
+        if len(rows) == len(prompts):
+            reference = {r["prompt"]: r for r in rows}
+            for cell in cells:  # the AR server's own c16 answers are checked against its c1 reference
+                if cell["workload"] == "greedy-c1":
+                    cell["verdict"] = "reference"
+                else:
+                    checked = cell_record(ar, cell["workload"], spec["workloads"][cell["workload"]],
+                                          raw[cell["workload"]], cell["wall_s"], reference, spec["eps"])
+                    cell.update(divergences=checked["divergences"], verdict=checked["verdict"])
+            write_oracle(args.out / f"oracle-run{args.run}.json", prompts, reference, args.seed, args.rank_policy)
+            if carried_oracle is None:
+                shutil.copyfile(args.out / f"oracle-run{args.run}.json", oracle_path)
+            shared.update(reference=reference, ref_rows=rows)
+        else:
+            say("AR reference incomplete: greedy cells cannot be judged")
+        shared["results"]["ar"] = {"cells": cells}
+
+    def other_thread(server: Server) -> None:
+        try:
+            other_work(server)
+        except Exception as err:  # noqa: BLE001 - as in ar_thread
+            server.status = f"runner error: {type(err).__name__}: {err}"
+
+    def other_work(server: Server) -> None:
+        name = server.spec.name
+        if name in second_wave:
+            reference_ready.wait()
+            if shared["reference"] is None:
+                server.status = "skipped: no AR reference for the oracle file"
+                return
+            stagger.launch(server, args.python, args.models, spec["server"], envs[name])
+        wait_ready(server, timeout())
+        reference_ready.wait()
+        workloads = spec["spec_workloads"] if server.spec.speculative else spec["ar_workloads"]
+        cells, _ = serve_workloads(server, workloads, spec, prompts, shared["reference"], deadline)
+        shared["results"][name] = {"cells": cells}
+
+    for server in servers:
+        if server.spec.name in envs and server.spec.name not in second_wave:
+            stagger.launch(server, args.python, args.models, spec["server"], envs[server.spec.name])
+    say(f"launched {sum(s.proc is not None for s in servers)} servers; second wave: {sorted(second_wave) or 'none'}")
+    ar = next(s for s in servers if s.spec.name == "ar")
+    threads = [threading.Thread(target=ar_thread, args=(ar,))]
+    threads += [threading.Thread(target=other_thread, args=(s,)) for s in servers
+                if s is not ar and s.spec.name in envs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    results = shared["results"]
+    for s in servers:
+        if s.status == "ready" and s.proc.poll() is not None:
+            s.status = f"exited early (code {s.proc.returncode})"
+        info = get_json(s.url + "/server_info") if s.status == "ready" else None
+        if info:
+            states = info.get("internal_states") or [{}]
+            results.setdefault(s.spec.name, {})["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+    sampler.stop_event.set()
+    for s in servers:
+        stop(s)
+        if s.status == "ready":
+            s.status = "stopped"
+    sampler.join(timeout=30)
+
+    servers_out = []
+    for s in servers:
+        servers_out.append({"name": s.spec.name, "algo": s.spec.algo, "budget": s.spec.budget, "topk": s.spec.topk,
+                            "oracle": s.spec.oracle, "eager": s.spec.eager, "status": s.status, "ready_s": s.ready_s,
+                            "capture_s": capture_seconds(s.log), "peak_mem_mib": s.peak_mem_mib,
+                            "fatal_log_lines": fatal_lines(s.log),
+                            "avg_spec_accept_length": results.get(s.spec.name, {}).get("avg_spec_accept_length"),
+                            "cells": results.get(s.spec.name, {}).get("cells", [])})
+    ref_rows = shared["ref_rows"]
+    report = {"run": str(args.run), "device": gpu_name(), "prompts": len(prompts), "new_tokens": spec["new_tokens"],
+              "eps": spec["eps"], "wall_s": round(time.time() - t0, 1), "gpu_peak_mib": sampler.total_peak_mib,
+              "reference_gaps": lossless.gap_stats([r["top2"] for r in ref_rows]) if ref_rows else None,
+              "oracle_file": "carried" if carried_oracle else "this run's AR",
+              "servers": servers_out}
+    if carried_oracle and shared["reference"]:
+        report["carried_oracle_vs_this_ar"] = oracle_agreement(carried_oracle, shared["reference"])
+    report["overall"] = overall(servers_out)
+    write_outputs(args.out, report, logs)
+    say(f"run {args.run}: {report['overall']} ({report['wall_s']} s)")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="e2e.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--matrix", type=Path, required=True, help="tests/gpu/matrix.json")
+    parser.add_argument("--run", required=True, help="which run of the matrix (1, 2, 3 or validate)")
+    parser.add_argument("--site", type=Path, required=True, help="installed offline bundle (PYTHONPATH folder)")
+    parser.add_argument("--models", type=Path, required=True, help="folder with target/, drafter/, prompts.json")
+    parser.add_argument("--out", type=Path, required=True, help="where e2e-runN.json/.md and the logs tarball go")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/k26-e2e"), help="scratch: logs, oracle.json")
+    parser.add_argument("--jit-dir", type=Path, default=Path("/tmp/k26-jit"), help="persisted JIT caches")
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the servers")
+    parser.add_argument("--base-port", type=int, default=31000)
+    parser.add_argument("--only", action="append", help="restrict to these server names (ar always runs)")
+    parser.add_argument("--seed", type=int, default=0, help="seed written into the oracle file")
+    parser.add_argument("--rank-policy", default="mixed", help="rank policy written into the oracle file")
+    parser.add_argument("--deadline-s", type=float, default=480.0,
+                        help="wall seconds for the whole run: later work is cut off and reported, and the "
+                        "report is always written (default 480)")
+    parser.add_argument("--patched-site", type=Path, help="a site with the DDTree patch set already applied "
+                        "(default: copy --site and run `python -m k26_ddtree apply` on the copy)")
+    parser.add_argument("--oracle-file", type=Path, help="an earlier run's oracle-runN.json (same model): "
+                        "lets -oracle servers start with the others instead of after this run's AR")
+    args = parser.parse_args(argv)
+    try:
+        report = run(args)
+    except UserError as err:
+        print(f"e2e: error: {err}", file=sys.stderr)
+        return err.code
+    return 0 if report["overall"] == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The per-cell verdicts of the proving ground: lossless against the AR reference, and acceptance.
+
+Greedy criterion: a cell's output must equal the AR reference token for token,
+except that it may part from it at a position where the reference's own top-2
+log-probs are within `eps` (a numerical tie that any kernel-path change may
+break either way). After such a tie the two continuations no longer share a
+prefix, so the comparison of that request stops there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Divergence:
+    prompt: int
+    position: int
+    reference_token: int
+    got_token: int
+    gap: float | None  # reference top-1 minus top-2 log-prob; None when the reference has no log-probs there
+    tie: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def first_divergence(reference: list[int], got: list[int]) -> int | None:
+    """Index of the first differing token; a length difference counts at the shorter end."""
+    for i, (a, b) in enumerate(zip(reference, got)):
+        if a != b:
+            return i
+    return None if len(reference) == len(got) else min(len(reference), len(got))
+
+
+def top2_gap(top_logprobs: list) -> float | None:
+    """Gap from one position of sglang's output_top_logprobs: [[logprob, token_id, text], ...]."""
+    if not top_logprobs or len(top_logprobs) < 2:
+        return None
+    return float(top_logprobs[0][0]) - float(top_logprobs[1][0])
+
+
+def check_request(prompt: int, reference: list[int], reference_top2: list, got: list[int], eps: float):
+    """None when equal; else the Divergence (tie or not)."""
+    pos = first_divergence(reference, got)
+    if pos is None:
+        return None
+    gap = top2_gap(reference_top2[pos]) if pos < len(reference_top2) else None
+    ref_tok = reference[pos] if pos < len(reference) else -1
+    got_tok = got[pos] if pos < len(got) else -1
+    return Divergence(prompt, pos, ref_tok, got_tok, gap, gap is not None and gap <= eps)
+
+
+def verdict(divergences: list[Divergence]) -> str:
+    """'exact', 'lossless (ties only)' or 'FAIL'."""
+    if not divergences:
+        return "exact"
+    return "lossless (ties only)" if all(d.tie for d in divergences) else "FAIL"
+
+
+def acceptance(metas: list[dict]) -> float | None:
+    """Committed tokens per verify step over a cell: sum(completion_tokens) / sum(spec_verify_ct)."""
+    verify = sum(int(m.get("spec_verify_ct") or 0) for m in metas)
+    if verify == 0:
+        return None
+    return sum(int(m.get("completion_tokens") or 0) for m in metas) / verify
+
+
+def gap_stats(reference_top2: list[list]) -> dict:
+    """Median / p10 / min / count-within-eps of the reference's top-2 gaps (how decisive the target is)."""
+    gaps = sorted(g for row in reference_top2 for g in (top2_gap(pos) for pos in row) if g is not None)
+    if not gaps:
+        return {}
+    return {"median": gaps[len(gaps) // 2], "p10": gaps[len(gaps) // 10], "min": gaps[0], "count": len(gaps)}

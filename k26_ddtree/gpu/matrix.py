@@ -1,0 +1,96 @@
+"""The proving-ground matrix: server names, what they mean, and the sglang command line of each.
+
+Server names say everything: `ar`, `dflash`, `ddtree-b<budget>-k<topk>-<real|oracle>`,
+each optionally suffixed `-eager` (no CUDA graphs). `matrix.json` (tests/gpu/) lists
+which servers each device run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from k26_ddtree.errors import UserError
+
+BUDGETS = (4, 8, 16, 32, 64)
+TOPKS = (1, 4, 8)
+BLOCK_SIZE = 8
+_NAME = re.compile(r"^(ar|dflash|ddtree-b(?P<b>\d+)-k(?P<k>\d+)-(?P<drafter>real|oracle))(?P<eager>-eager)?$")
+
+
+def max_budget(topk: int, block_size: int = BLOCK_SIZE) -> int:
+    """The most nodes a depth-(block-1) tree with `topk` children per node can hold."""
+    return sum(topk ** d for d in range(1, block_size))
+
+
+def valid_pairs() -> list[tuple[int, int]]:
+    return [(b, k) for k in TOPKS for b in BUDGETS if b <= max_budget(k)]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    algo: str  # AR, DFLASH, DDTREE
+    budget: int = 0
+    topk: int = 0
+    oracle: bool = False
+    eager: bool = False
+
+    @property
+    def speculative(self) -> bool:
+        return self.algo != "AR"
+
+
+def parse_server(name: str) -> ServerSpec:
+    m = _NAME.match(name)
+    if not m:
+        raise UserError(f"server name {name!r}: expected ar, dflash or ddtree-b<B>-k<K>-<real|oracle>, "
+                        "optionally with -eager")
+    eager = bool(m.group("eager"))
+    if name.startswith("ar"):
+        return ServerSpec(name, "AR", eager=eager)
+    if name.startswith("dflash"):
+        return ServerSpec(name, "DFLASH", eager=eager)
+    budget, topk = int(m.group("b")), int(m.group("k"))
+    if (budget, topk) not in valid_pairs():
+        raise UserError(f"server {name}: budget {budget} with topk {topk} is not a matrix pair "
+                        f"(budgets {BUDGETS}, topk {TOPKS}, budget <= sum of topk^d for d=1..{BLOCK_SIZE - 1})")
+    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter") == "oracle", eager)
+
+
+def load(path: Path) -> dict:
+    try:
+        matrix = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read matrix {path}: {err}")
+    for run, names in matrix.get("runs", {}).items():
+        for name in names:
+            parse_server(name)
+        if "ar" not in names:
+            raise UserError(f"matrix run {run} has no 'ar' server: every run needs its own AR reference")
+    return matrix
+
+
+def server_command(spec: ServerSpec, models: Path, port: int, settings: dict) -> list[str]:
+    """`python -m sglang.launch_server ...` for one matrix server (the interpreter is prepended by the caller)."""
+    cmd = ["-m", "sglang.launch_server",
+           "--model-path", str(models / "target"), "--host", "127.0.0.1", "--port", str(port),
+           "--attention-backend", "triton", "--grammar-backend", "none", "--dtype", "bfloat16",
+           "--mem-fraction-static", str(settings["mem_fraction_static"]),
+           "--context-length", str(settings["context_length"]),
+           "--max-total-tokens", str(settings["max_total_tokens"]),
+           "--max-running-requests", str(settings["max_running_requests"]),
+           "--disable-piecewise-cuda-graph", "--skip-server-warmup", "--random-seed", "0",
+           "--decode-log-interval", "40"]
+    if spec.eager:
+        cmd.append("--disable-cuda-graph")
+    else:
+        bs = [int(b) for b in settings["cuda_graph_bs"]]
+        cmd += ["--cuda-graph-max-bs", str(max(bs)), "--cuda-graph-bs", *[str(b) for b in bs]]
+    if spec.speculative:
+        cmd += ["--speculative-algorithm", spec.algo, "--speculative-draft-model-path", str(models / "drafter")]
+    if spec.algo == "DDTREE":
+        cmd += ["--speculative-ddtree-budget", str(spec.budget), "--speculative-ddtree-topk", str(spec.topk)]
+    return cmd

@@ -1,0 +1,263 @@
+"""Make the proving-ground model pair on a GPU: corpus, tokenizer, trained target, trained drafter.
+
+    python -m k26_ddtree.gpu.train --out DIR [--seed 0] [--time-budget 150]
+
+Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter (DFlashDraftModel),
+DIR/prompts.json (the 8 fixed prompts as token ids) and DIR/train_report.json.
+The target trains until the median top-1/top-2 log-prob gap along its greedy
+continuations of the prompts passes GAP_GOAL nats (bf16 noise is ~0.01); the
+drafter then trains DFlash-style on the frozen target's features until its
+simulated acceptance length stops improving or its time share runs out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from k26_ddtree.gpu import corpus, tinymodel, tokenizer
+
+GAP_GOAL = 3.0
+SEQ_LEN = 256
+EVAL_NEW_TOKENS = 96
+CORPUS_WORDS = 300_000
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Training sizes; `SMOKE` shrinks them so a CPU test walks every line in seconds."""
+    target_batch: int = 64
+    draft_batch: int = 32
+    draft_blocks: int = 16
+    target_eval_every: int = 200
+    target_min_steps: int = 600
+    draft_eval_every: int = 250
+    draft_min_steps: int = 1000
+    eval_new_tokens: int = EVAL_NEW_TOKENS
+    corpus_words: int = CORPUS_WORDS
+
+
+SMOKE = Knobs(target_batch=2, draft_batch=2, draft_blocks=2, target_eval_every=2, target_min_steps=2,
+              draft_eval_every=2, draft_min_steps=2, eval_new_tokens=4, corpus_words=20_000)
+
+
+def amp(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def log(msg: str) -> None:
+    print(f"[train {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def encode_corpus(tok, lines: list[str]) -> torch.Tensor:
+    ids: list[int] = []
+    for enc in tok.encode_batch([line + "\n" for line in lines]):
+        ids.extend(enc.ids)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def sample_windows(data: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, data.numel() - length - 1, (batch,), generator=gen)
+    return torch.stack([data[s:s + length + 1] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def greedy_continuations(target, prompts: list[list[int]], new_tokens: int, device: torch.device):
+    """Greedy tokens and the top-1/top-2 log-prob gap at each generated position (full recompute)."""
+    seqs, gaps = [], []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=device)
+        for _ in range(new_tokens):
+            with amp(device):
+                logits, _ = target(ids)
+            top2 = logits[0, -1].log_softmax(-1).topk(2)
+            gaps.append(float(top2.values[0] - top2.values[1]))
+            ids = torch.cat((ids, top2.indices[:1].view(1, 1)), dim=1)
+        seqs.append(ids[0].tolist())
+    return seqs, gaps
+
+
+def train_target(target, data, device, seed: int, deadline: float, prompts, knobs: Knobs):
+    opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed)
+    step, gaps, loss = 0, [0.0], float("nan")
+    while time.time() < deadline:
+        batch = sample_windows(data, knobs.target_batch, SEQ_LEN, gen).to(device)
+        with amp(device):
+            logits, _ = target(batch[:, :-1])
+        loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss_t.backward()
+        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % knobs.target_eval_every == 0:
+            loss = float(loss_t.detach())
+            target.eval()
+            _, gaps = greedy_continuations(target, prompts[:4], min(32, knobs.eval_new_tokens), device)
+            target.train()
+            log(f"target step {step} loss {loss:.3f} median gap {statistics.median(gaps):.2f}")
+            if statistics.median(gaps) > GAP_GOAL and step >= knobs.target_min_steps:
+                break
+    return {"steps": step, "final_loss": loss}
+
+
+def draft_batch(target, drafter, windows, n_blocks: int, gen: torch.Generator):
+    """One DFlash training batch: blocks anchored at random positions, loss on block slots 1..B-1."""
+    device = windows.device
+    b, t = windows.shape
+    bs = tinymodel.BLOCK_SIZE
+    with torch.no_grad(), amp(device):
+        _, features = target(windows)
+    anchors = torch.randint(1, t - bs, (b, n_blocks), generator=gen).to(device)
+    offsets = torch.arange(bs, device=device)
+    block_pos = (anchors[..., None] + offsets).view(b, -1)
+    block_ids = torch.full_like(block_pos, tinymodel.MASK_TOKEN_ID)
+    block_ids.view(b, n_blocks, bs)[..., 0] = windows.gather(1, anchors)
+    labels = windows.gather(1, block_pos).view(b, n_blocks, bs)[..., 1:]
+    ctx_pos = torch.arange(t, device=device)
+    sees_ctx = ctx_pos.view(1, 1, t) < anchors.repeat_interleave(bs, dim=1)[..., None]
+    blk = torch.arange(n_blocks * bs, device=device) // bs
+    sees_block = (blk[:, None] == blk[None, :]).expand(b, -1, -1)
+    mask = torch.cat((sees_ctx, sees_block), dim=-1)
+    embeds = target.model.embed_tokens(block_ids).detach()
+    with amp(device):
+        hidden = drafter(embeds, block_pos, features, ctx_pos.expand(b, t), mask)
+        logits = target.lm_head(hidden).float().view(b, n_blocks, bs, -1)[:, :, 1:]
+    return logits, labels
+
+
+@torch.no_grad()
+def draft_tokens(target, drafter, seq: torch.Tensor, features: torch.Tensor, anchor: int) -> list[int]:
+    device = seq.device
+    bs = tinymodel.BLOCK_SIZE
+    block_ids = torch.full((1, bs), tinymodel.MASK_TOKEN_ID, device=device)
+    block_ids[0, 0] = seq[anchor]
+    block_pos = anchor + torch.arange(bs, device=device).view(1, bs)
+    ctx_pos = torch.arange(anchor, device=device).view(1, anchor)
+    mask = torch.ones(1, bs, anchor + bs, dtype=torch.bool, device=device)
+    with amp(device):
+        hidden = drafter(target.model.embed_tokens(block_ids), block_pos, features[:, :anchor], ctx_pos, mask)
+        logits = target.lm_head(hidden[:, 1:]).float()
+    return logits.argmax(-1)[0].tolist()
+
+
+@torch.no_grad()
+def simulated_acceptance(target, drafter, greedy_seqs, prompt_lens) -> float:
+    """Mean committed tokens per verify step (accepted drafts + bonus) of a linear DFlash walk."""
+    lengths = []
+    for seq_list, start in zip(greedy_seqs, prompt_lens):
+        seq = torch.tensor(seq_list, device=next(target.parameters()).device)
+        with amp(seq.device):
+            _, features = target(seq[None])
+        anchor = start
+        while anchor + tinymodel.BLOCK_SIZE <= seq.numel():
+            drafts = draft_tokens(target, drafter, seq, features, anchor)
+            matched = 0
+            while matched < len(drafts) and drafts[matched] == int(seq[anchor + 1 + matched]):
+                matched += 1
+            lengths.append(matched + 1)
+            anchor += matched + 1
+    return sum(lengths) / max(1, len(lengths))
+
+
+def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, prompt_lens, knobs: Knobs):
+    opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed + 7)
+    step, best, loss = 0, 0.0, float("nan")
+    while time.time() < deadline:
+        windows = sample_windows(data, knobs.draft_batch, SEQ_LEN, gen)[:, :-1].to(device)
+        logits, labels = draft_batch(target, drafter, windows, knobs.draft_blocks, gen)
+        loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss_t.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % knobs.draft_eval_every == 0:
+            loss = float(loss_t.detach())
+            drafter.eval()
+            acc = simulated_acceptance(target, drafter, greedy_seqs[:4], prompt_lens[:4])
+            drafter.train()
+            log(f"drafter step {step} loss {loss:.3f} simulated acceptance {acc:.2f}")
+            if acc <= best + 0.02 and step >= knobs.draft_min_steps:
+                break
+            best = max(best, acc)
+    return {"steps": step, "final_loss": loss}
+
+
+def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, knobs: Knobs = Knobs()) -> dict:
+    t0 = time.time()
+    lines = corpus.corpus_lines(seed, knobs.corpus_words)
+    tok = tokenizer.build_tokenizer(lines, tinymodel.VOCAB)
+    data = encode_corpus(tok, lines)
+    prompt_texts = corpus.make_prompts(seed)
+    prompts = [tok.encode(p).ids for p in prompt_texts]
+    log(f"corpus {data.numel()} tokens, tokenizer vocab {tok.get_vocab_size()}, {time.time() - t0:.1f}s")
+
+    torch.manual_seed(seed)
+    target = tinymodel.TinyDeepseekV3()
+    tinymodel.init_weights(target, seed)
+    tinymodel.out_proj_scale(target, tinymodel.TARGET_CONFIG["num_hidden_layers"])
+    target.to(device).train()
+    target_info = train_target(target, data, device, seed, t0 + time_budget * 0.55, prompts, knobs)
+    target.eval().requires_grad_(False)
+    greedy, gaps = greedy_continuations(target, prompts, knobs.eval_new_tokens, device)
+    gaps_sorted = sorted(gaps)
+    target_info.update(
+        median_gap=statistics.median(gaps), p10_gap=gaps_sorted[len(gaps) // 10], min_gap=gaps_sorted[0],
+        gap_goal=GAP_GOAL, seconds=round(time.time() - t0, 1),
+    )
+    log(f"target done: {target_info}")
+
+    drafter = tinymodel.TinyDFlashDrafter()
+    tinymodel.init_weights(drafter, seed + 1)
+    tinymodel.out_proj_scale(drafter, tinymodel.DRAFT_CONFIG["num_hidden_layers"])
+    drafter.to(device).train()
+    prompt_lens = [len(p) for p in prompts]
+    draft_info = train_drafter(target, drafter, data, device, seed, t0 + time_budget, greedy, prompt_lens, knobs)
+    drafter.eval()
+    draft_info["simulated_accept_length"] = simulated_acceptance(target, drafter, greedy, prompt_lens)
+    draft_info["seconds"] = round(time.time() - t0, 1)
+    log(f"drafter done: {draft_info}")
+
+    tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
+    tinymodel.save_checkpoint(drafter, tinymodel.DRAFT_CONFIG, out / "drafter")
+    for sub in ("target", "drafter"):
+        tokenizer.save_tokenizer(tok, out / sub, tinymodel.MAX_POSITIONS)
+    (out / "prompts.json").write_text(json.dumps(
+        {"seed": seed, "prompts": [{"text": t, "input_ids": ids} for t, ids in zip(prompt_texts, prompts)]},
+        indent=1) + "\n")
+    report = {"seed": seed, "target": target_info, "drafter": draft_info,
+              "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if device.type == "cuda" else str(device)}
+    (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m k26_ddtree.gpu.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for target/, drafter/, prompts.json")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time-budget", type=float, default=150.0, help="seconds for both trainings together")
+    parser.add_argument("--device", default="cuda", help="torch device (cpu only for --smoke)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the code path, not the model")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("train: no CUDA GPU here (use --device cpu --smoke for a code-path check)", file=sys.stderr)
+        return 2
+    make_pair(args.out, args.seed, args.time_budget, device, SMOKE if args.smoke else Knobs())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

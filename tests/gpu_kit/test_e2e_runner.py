@@ -1,0 +1,125 @@
+"""The GPU runner's mechanics against a fake sglang (fake_sglang/): launches, readiness, the AR
+reference and oracle file, the second start wave for -oracle servers, verdicts and the report."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+FAKE = HERE / "fake_sglang"
+
+
+def free_base_port(count: int) -> int:
+    for base in range(34000 + os.getpid() % 2000 * 8, 60000, 97):
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                s.bind(("127.0.0.1", port))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    prompts = [{"text": f"p{i}", "input_ids": [3 + i, 40 + i, 7]} for i in range(8)]
+    (models / "prompts.json").write_text(json.dumps({"seed": 0, "prompts": prompts}))
+    matrix = tmp_path / "matrix.json"
+    matrix.write_text(json.dumps({
+        "prompts": 8, "new_tokens": 32, "eps": 0.05,
+        "server": {"mem_fraction_static": 0.05, "max_total_tokens": 4096, "launch_stagger_s": 0.1,
+                   "context_length": 256, "max_running_requests": 16, "cuda_graph_bs": [1, 16],
+                   "ready_timeout_s": 60},
+        "workloads": {"greedy-c1": {"temperature": 0.0, "concurrency": 1},
+                      "greedy-c16": {"temperature": 0.0, "concurrency": 16},
+                      "sample-c16": {"temperature": 0.7, "top_p": 0.95, "concurrency": 16}},
+        "spec_workloads": ["greedy-c1", "greedy-c16", "sample-c16"], "ar_workloads": ["greedy-c1", "greedy-c16"],
+        "runs": {"t": ["ar", "dflash-eager", "ddtree-b8-k4-real", "ddtree-b8-k4-oracle"]}}))
+    return tmp_path, models, matrix
+
+
+def run_e2e(tmp_path, models, matrix, env_extra, *extra):
+    env = dict(os.environ, PYTHONPATH=str(REPO), **env_extra)
+    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
+           "--site", str(FAKE), "--models", str(models), "--out", str(tmp_path / "out"),
+           "--work", str(tmp_path / "work"), "--jit-dir", str(tmp_path / "jit"), "--python", sys.executable,
+           "--base-port", str(free_base_port(4)), *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    report = json.loads((tmp_path / "out" / "e2e-runt.json").read_text())
+    return done, report
+
+
+def test_ties_only_pass_and_oracle_servers_start_after_the_reference(setup):
+    tmp_path, models, matrix = setup
+    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_DIVERGE_AT": "5", "FAKE_TIE_GAP": "0.01"},
+                           "--patched-site", str(FAKE))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert report["overall"] == "PASS"
+    by_name = {s["name"]: s for s in report["servers"]}
+    assert [c["verdict"] for c in by_name["ar"]["cells"]] == ["reference", "exact"]
+    oracle_cells = by_name["ddtree-b8-k4-oracle"]["cells"]
+    assert [c["verdict"] for c in oracle_cells] == ["lossless (ties only)"] * 2 + ["completed"]
+    assert oracle_cells[0]["divergences"][0]["position"] == 5
+    assert oracle_cells[0]["accept_length"] == pytest.approx(32 / 10)
+    assert by_name["dflash-eager"]["capture_s"] == 1.5
+    oracle = json.loads((tmp_path / "out" / "oracle-runt.json").read_text())
+    assert len(oracle["prompts"]) == 8 and len(oracle["prompts"][0]["ar_output_ids"]) == 32
+    oracle_log = (tmp_path / "work" / "logs" / "ddtree-b8-k4-oracle.log").read_text()
+    assert "--speculative-ddtree-budget 8" in oracle_log
+    assert "Overall: **PASS**" in (tmp_path / "out" / "e2e-runt.md").read_text()
+    assert (tmp_path / "out" / "logs-runt.tar.xz").is_file()
+
+
+def test_a_divergence_where_the_reference_is_decisive_fails(setup):
+    tmp_path, models, matrix = setup
+    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_DIVERGE_AT": "9"}, "--patched-site", str(FAKE))
+    assert done.returncode == 1
+    assert report["overall"].startswith("FAIL")
+    div = report["servers"][1]["cells"][0]["divergences"][0]
+    assert div["position"] == 9 and div["gap"] == pytest.approx(3.0) and not div["tie"]
+
+
+def test_ddtree_servers_are_skipped_when_the_patch_set_cannot_apply(setup):
+    tmp_path, models, matrix = setup
+    done, report = run_e2e(tmp_path, models, matrix, {})
+    assert done.returncode == 1
+    assert report["overall"].startswith("INCOMPLETE")
+    skipped = [s["name"] for s in report["servers"] if s["status"].startswith("skipped")]
+    assert skipped == ["ddtree-b8-k4-real", "ddtree-b8-k4-oracle"]
+
+
+def test_the_report_is_written_by_the_deadline_when_servers_never_become_ready(setup):
+    tmp_path, models, matrix = setup
+    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_READY_SECONDS": "1000"}, "--patched-site", str(FAKE),
+                           "--deadline-s", "25")
+    assert done.returncode == 1
+    assert report["wall_s"] < 90
+    status = {s["name"]: s["status"] for s in report["servers"]}
+    assert status.pop("ddtree-b8-k4-oracle") == "skipped: no AR reference for the oracle file"
+    assert all(v.startswith("failed to start (timeout") for v in status.values())
+
+
+def test_log_parsing(tmp_path):
+    from k26_ddtree.gpu import e2e
+
+    log = tmp_path / "s.log"
+    log.write_text("Capture cuda graph end. Time elapsed: 38.50 s. mem usage=0.1 GB\n"
+                   "Capture draft cuda graph end. Time elapsed: 12.25 s. mem usage=0.1 GB\n"
+                   "Can not initialize OpenAIServingResponses, error: Traceback (most recent call last):\n"
+                   "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert e2e.capture_seconds(log) == 50.8
+    assert e2e.fatal_lines(log) == ["RuntimeError: CUDA error: an illegal memory access was encountered"]

@@ -1,0 +1,98 @@
+"""The proving-ground matrix (tests/gpu/matrix.json) and the lossless criterion."""
+
+from pathlib import Path
+
+import pytest
+
+from k26_ddtree.errors import UserError
+from k26_ddtree.gpu import lossless, matrix
+
+MATRIX = Path(__file__).resolve().parents[1] / "gpu" / "matrix.json"
+
+
+def test_valid_pairs_follow_the_tree_capacity_rule():
+    pairs = matrix.valid_pairs()
+    assert (4, 1) in pairs and (8, 1) not in pairs  # topk 1: at most 7 nodes below the root
+    assert all((b, k) in pairs for b in matrix.BUDGETS for k in (4, 8))
+    assert len(pairs) == 11
+
+
+def test_three_runs_cover_every_pair_with_both_drafters_once():
+    spec = matrix.load(MATRIX)
+    graphed = [n for r in ("1", "2", "3") for n in spec["runs"][r] if n.startswith("ddtree") and "eager" not in n]
+    expected = {f"ddtree-b{b}-k{k}-{d}" for b, k in matrix.valid_pairs() for d in ("real", "oracle")}
+    assert sorted(graphed) == sorted(expected)
+    names = [n for r in ("1", "2", "3") for n in spec["runs"][r]]
+    assert {"dflash", "dflash-eager", "ar-eager"} <= set(names)
+    assert sum(n.startswith("ddtree") and n.endswith("-eager") for n in names) >= 2
+    for run in ("1", "2", "3"):
+        assert len(spec["runs"][run]) <= 11  # one GPU, one start wave per run
+
+
+def test_run_names_fit_device_output_file_names():
+    # The device tool brings back only files named with letters, digits, '.', '_' and '-'.
+    import re
+    for run in matrix.load(MATRIX)["runs"]:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", f"e2e-run{run}.json")
+
+
+def test_combined_run_is_runs_two_and_three():
+    runs = matrix.load(MATRIX)["runs"]
+    assert sorted(runs["23"]) == sorted(set(runs["2"]) | set(runs["3"]))
+
+
+def test_every_run_needs_its_own_ar(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text('{"runs": {"1": ["dflash"]}}')
+    with pytest.raises(UserError, match="AR reference"):
+        matrix.load(bad)
+
+
+def test_bad_server_names_are_user_errors():
+    for name in ("ddtree-b8-k1-real", "ddtree-b8-k4-random", "eagle"):
+        with pytest.raises(UserError):
+            matrix.parse_server(name)
+
+
+def test_server_commands():
+    settings = {"mem_fraction_static": 0.05, "context_length": 1024, "max_total_tokens": 65536,
+                "max_running_requests": 16, "cuda_graph_bs": [1, 2, 4, 8, 16]}
+    ddtree = matrix.server_command(matrix.parse_server("ddtree-b64-k8-oracle"), Path("/m"), 31005, settings)
+    joined = " ".join(ddtree)
+    assert "--speculative-algorithm DDTREE" in joined
+    assert "--speculative-ddtree-budget 64 --speculative-ddtree-topk 8" in joined
+    assert "--speculative-draft-model-path /m/drafter" in joined
+    assert "--attention-backend triton" in joined and "--grammar-backend none" in joined
+    assert "--cuda-graph-max-bs 16 --cuda-graph-bs 1 2 4 8 16" in joined
+    eager = matrix.server_command(matrix.parse_server("ar-eager"), Path("/m"), 31000, settings)
+    assert "--disable-cuda-graph" in eager and "--speculative-algorithm" not in eager
+
+
+def top2(gap):
+    return [[-0.1, 5], [-0.1 - gap, 6]]
+
+
+def test_exact_tie_and_failure():
+    ref = [5, 5, 5, 5]
+    ref_top2 = [top2(3.0), top2(3.0), top2(0.01), top2(3.0)]
+    assert lossless.check_request(0, ref, ref_top2, [5, 5, 5, 5], 0.05) is None
+    tie = lossless.check_request(0, ref, ref_top2, [5, 5, 6, 1], 0.05)
+    assert tie.position == 2 and tie.tie and tie.got_token == 6
+    fail = lossless.check_request(1, ref, ref_top2, [5, 6, 5, 5], 0.05)
+    assert fail.position == 1 and not fail.tie and fail.gap == pytest.approx(3.0)
+    assert lossless.verdict([]) == "exact"
+    assert lossless.verdict([tie]) == "lossless (ties only)"
+    assert lossless.verdict([tie, fail]) == "FAIL"
+
+
+def test_short_output_is_a_divergence():
+    d = lossless.check_request(0, [1, 2, 3], [top2(1.0)] * 3, [1, 2], 0.05)
+    assert d.position == 2 and not d.tie
+
+
+def test_acceptance_and_gap_stats():
+    metas = [{"completion_tokens": 256, "spec_verify_ct": 64}, {"completion_tokens": 256, "spec_verify_ct": 32}]
+    assert lossless.acceptance(metas) == pytest.approx(512 / 96)
+    assert lossless.acceptance([{"completion_tokens": 5}]) is None
+    stats = lossless.gap_stats([[top2(1.0), top2(3.0)], [top2(2.0)]])
+    assert stats["min"] == pytest.approx(1.0) and stats["count"] == 3
