@@ -27,17 +27,21 @@ def _order_key(path: tuple[int, ...], score: float, spine_len: int):
     return (not on_spine, -score, len(path), path)
 
 
-def _pack(rows: list[list[tuple]], root_tokens, top_tokens, depth: int) -> DDTree:
+def _pack(rows: list[list[tuple]], depth: int) -> DDTree:
     """rows[b] = [(path, score, parent_index, token)] in node order, root first."""
 
     def column(i, dtype):
         return torch.tensor([[node[i] for node in row] for row in rows], dtype=dtype)
 
-    tokens = column(3, torch.long)
-    parents = column(2, torch.long)
     depths = torch.tensor([[len(node[0]) for node in row] for row in rows], dtype=torch.long)
-    logws = column(1, torch.float32)
-    return DDTree(tokens=tokens, parents=parents, depths=depths, node_logws=logws, max_depth=depth)
+    return DDTree(
+        tokens=column(3, torch.long),
+        parents=column(2, torch.long),
+        depths=depths,
+        node_logws=column(1, torch.float32),
+        max_depth=depth,
+        best_first=True,
+    )
 
 
 def heap_ddtree(root_tokens, top_tokens, top_logprobs, budget: int, *, spine: bool = False) -> DDTree:
@@ -52,7 +56,7 @@ def heap_ddtree(root_tokens, top_tokens, top_logprobs, budget: int, *, spine: bo
     spine_len = min(depth, budget) if spine else 0
     rows = []
     for b in range(top_tokens.shape[0]):
-        lp = [[float(x) for x in row] for row in top_logprobs[b].float().tolist()]
+        lp = top_logprobs[b].float().tolist()
         tok = top_tokens[b].tolist()
         nodes = [((), 0.0, -1, int(root_tokens[b]))]
         index_of = {(): 0}
@@ -74,7 +78,7 @@ def heap_ddtree(root_tokens, top_tokens, top_logprobs, budget: int, *, spine: bo
             if len(path) < depth:
                 push(path + (0,))
         rows.append(nodes)
-    return _pack(rows, root_tokens, top_tokens, depth)
+    return _pack(rows, depth)
 
 
 def _score_of(path: tuple[int, ...], lp) -> float:
@@ -102,7 +106,7 @@ def enumerate_ddtree(root_tokens, top_tokens, top_logprobs, budget: int, *, spin
             index_of[path] = len(nodes)
             nodes.append((path, _score_of(path, lp), index_of[path[:-1]], tok[len(path) - 1][path[-1]]))
         rows.append(nodes)
-    return _pack(rows, root_tokens, top_tokens, depth)
+    return _pack(rows, depth)
 
 
 def children_of(tree: DDTree, b: int) -> dict[int, list[int]]:

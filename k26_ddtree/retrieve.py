@@ -25,27 +25,27 @@ def compile_ddtree_retrieve(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor, t
     batch, n = tree.parents.shape
     device = tree.parents.device
     retrieve_index = torch.arange(batch * n, device=device).view(batch, n)
+    node = torch.arange(n, device=device)
 
-    # Group nodes by parent (a stable sort keeps the within-group order), after
-    # ordering by descending score (stable again: ties stay in index order).
-    by_score = torch.sort(0.0 - tree.node_logws.float(), dim=1, stable=True).indices
-    parent_by_score = tree.parents.gather(1, by_score)
-    regroup = torch.sort(parent_by_score, dim=1, stable=True).indices
-    order = by_score.gather(1, regroup)
-    parent_sorted = parent_by_score.gather(1, regroup)
+    # place[b, i]: node i's rank in sibling order (descending score, ties by
+    # index). Only relative order between siblings matters.
+    if tree.best_first:
+        place = node.expand(batch, n)
+    else:
+        by_score = torch.sort(0.0 - tree.node_logws.float(), dim=1, stable=True).indices
+        place = torch.empty_like(by_score).scatter_(1, by_score, node.expand(batch, n))
 
-    # One extra column at the end absorbs the writes that have no target.
-    dump = n
-    same_parent_next = parent_sorted[:, 1:] == parent_sorted[:, :-1]
-    next_sibling = torch.full((batch, n + 1), -1, dtype=torch.long, device=device)
-    next_sibling.scatter_(1, order[:, :-1], torch.where(same_parent_next, order[:, 1:], -1))
+    # Dense [B, N, N] comparisons instead of sorts: N is small and a handful of
+    # elementwise kernels beats sorting inside a CUDA graph.
+    later_place = place.unsqueeze(1).expand(batch, n, n)
+    siblings_after = (tree.parents.unsqueeze(2) == tree.parents.unsqueeze(1)) & (later_place > place.unsqueeze(2))
+    first_after = torch.where(siblings_after, later_place, n).min(dim=2)
+    next_sibling = torch.where(first_after.values < n, first_after.indices, -1)
 
-    starts_group = torch.ones_like(parent_sorted, dtype=torch.bool)
-    starts_group[:, 1:] = ~same_parent_next
-    first_child_of = torch.where(starts_group & (parent_sorted >= 0), parent_sorted, dump)
-    next_token = torch.full((batch, n + 1), -1, dtype=torch.long, device=device)
-    next_token.scatter_(1, first_child_of, order)
-    return retrieve_index, next_token[:, :n], next_sibling[:, :n]
+    children = tree.parents.unsqueeze(1) == node.view(1, n, 1)
+    first_child = torch.where(children, later_place, n).min(dim=2)
+    next_token = torch.where(first_child.values < n, first_child.indices, -1)
+    return retrieve_index, next_token, next_sibling
 
 
 def tree_attention_mask(tree: DDTree) -> torch.Tensor:

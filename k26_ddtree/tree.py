@@ -25,20 +25,22 @@ key is unique and no stable sort or epsilon is needed.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-# Key layout (int64): bit 62 clear marks a spine node (it sorts first), bits
-# 31..61 hold the float32 cost (= -score, >= +0.0, whose bit pattern grows
-# with the value), bits 0..30 hold (depth * width + parent slot) * K + rank,
-# which orders equal costs by depth, then by rank path.
+# Key layout (int64): bit 63 set marks a spine node (the key turns negative and
+# sorts first), bits 31..61 hold the float32 cost (= -score, >= +0.0, whose bit
+# pattern grows with the value), bits 0..30 hold
+# ((depth - 1) * width + parent slot) * K + rank, which orders equal costs by
+# depth, then by rank path, and decodes to the parent's slot in the key table.
 _COST_SHIFT = 31
 _LOW_MASK = (1 << _COST_SHIFT) - 1
-_COST_MASK = (1 << 31) - 1
-_SPINE_FLAG = 1 << 62
-_PAD_KEY = (1 << 63) - 1
+_SPINE_BIT = -(1 << 63)
+# Above every real key; a power of two, so F.pad's float fill value carries it exactly.
+_PAD_KEY = 1 << 62
 
 
 @dataclass
@@ -48,8 +50,11 @@ class DDTree:
     tokens     [B, N] long   token of every node; node 0 is the root
     parents    [B, N] long   parent's local index, -1 for the root; parents[:, i] < i
     depths     [B, N] long   0 for the root, 1..max_depth for draft nodes
-    node_logws [B, N] float32  path score (sum of draft log-probs), 0.0 for the root
+    node_logws [B, N] float  path score (sum of draft log-probs), 0.0 for the root
     max_depth  int or None   depth cap D (draft positions); None = read from depths
+    best_first bool          siblings appear in descending node_logws order by
+                             index (build_ddtree guarantees it; hand-made trees
+                             leave it False and get sorted where it matters)
     """
 
     tokens: torch.Tensor
@@ -57,6 +62,7 @@ class DDTree:
     depths: torch.Tensor
     node_logws: torch.Tensor
     max_depth: int | None = None
+    best_first: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -93,15 +99,16 @@ def _plan(depth: int, topk: int, budget: int, spine: bool) -> _Plan:
         kept = min(budget, kept * topk)
         survivors.append(kept)
     width = max(survivors)
-    if (depth * width + width) * topk >= 1 << _COST_SHIFT:
+    if depth * width * topk > 1 << _COST_SHIFT:
         raise ValueError(
             f"budget {budget} with topk {topk} and {depth} draft positions is too large for the"
-            " tie-breaking key (needs (depth + 1) * budget * topk < 2^31)"
+            " tie-breaking key (needs depth * budget * topk <= 2^31)"
         )
     return _Plan(tuple(survivors), width, min(depth, budget) if spine else 0)
 
 
-def _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate: bool) -> None:
+def _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate: bool) -> int:
+    """Raise ValueError naming the first problem; return the budget as an int."""
     for name, t in (("root_tokens", root_tokens), ("top_tokens", top_tokens), ("top_logprobs", top_logprobs)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -130,8 +137,12 @@ def _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate: bool)
     _, depth, topk = top_tokens.shape
     if depth < 1 or topk < 1:
         raise ValueError(f"need at least one draft position and one candidate, got D={depth}, K={topk}")
-    if isinstance(budget, bool) or not isinstance(budget, int):
-        raise ValueError(f"budget must be an int, got {budget!r}")
+    try:
+        if isinstance(budget, bool):
+            raise TypeError
+        budget = operator.index(budget)
+    except TypeError:
+        raise ValueError(f"budget must be an int, got {budget!r}") from None
     limit = max_budget(depth, topk)
     if not 1 <= budget <= limit:
         raise ValueError(f"budget {budget} out of range: must be 1..{limit} (sum of K^d for K={topk}, D={depth})")
@@ -146,6 +157,7 @@ def _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate: bool)
             raise ValueError("top_logprobs contains positive values; log-probabilities must be <= 0")
         if not descending:
             raise ValueError("top_logprobs is not descending along K (the top-K axis)")
+    return budget
 
 
 def build_ddtree(
@@ -166,7 +178,7 @@ def build_ddtree(
     call can be captured in a CUDA graph; shapes, dtypes and budget are always
     checked, since that costs nothing on the device.
     """
-    _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
+    budget = _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
     batch, depth, topk = top_tokens.shape
     plan = _plan(depth, topk, budget, spine)
     width = plan.width
@@ -179,48 +191,50 @@ def build_ddtree(
     lex = torch.arange(depth * width * topk, device=device).view(depth, width * topk)
 
     cost = torch.zeros(batch, 1, device=device)
-    level_keys = []
+    # The key table: row 0 stands for depth 0 (the root, slot 0), row d holds
+    # depth d's survivors in `width` slots, so a key's low bits // K is its
+    # parent's flat slot. The last depth feeds no further depth: its candidates
+    # go into the table unselected, one row that runs past `width`.
+    level_keys = [torch.full((batch, width), _PAD_KEY, dtype=torch.long, device=device)]
     for d in range(depth):
         cand_cost = (cost.unsqueeze(2) + step_cost[:, d, None, :]).flatten(1)
         n_cand = cand_cost.shape[1]
-        key = (cand_cost.view(torch.int32).long() << _COST_SHIFT) + lex[d, :n_cand]
+        key = torch.add(lex[d, :n_cand], cand_cost.view(torch.int32), alpha=1 << _COST_SHIFT)
         keep = plan.survivors[d]
-        if keep < n_cand:
+        if d < depth - 1 and keep < n_cand:
             # Survivors go back to rank-path order, so the next depth's candidate
             # index (slot * K + rank) keeps ordering ties by rank path.
             chosen = key.topk(keep, dim=1, largest=False, sorted=False).indices.sort(dim=1).values
             key = key.gather(1, chosen)
             cand_cost = cand_cost.gather(1, chosen)
-        if keep < width:
-            key = torch.nn.functional.pad(key, (0, width - keep), value=_PAD_KEY)
+        if key.shape[1] < width:
+            key = torch.nn.functional.pad(key, (0, width - key.shape[1]), value=_PAD_KEY)
         level_keys.append(key)
         cost = cand_cost
 
-    keys = torch.stack(level_keys, dim=1)
+    keys = torch.cat(level_keys, dim=1)
     if plan.spine_len:
         # Slot 0 of every depth is the rank-0 chain: it is the best and the
         # rank-path-smallest prefix of its depth, so it always survives there.
-        keys[:, : plan.spine_len, 0] -= _SPINE_FLAG
-    picked = keys.flatten(1).topk(budget, dim=1, largest=False, sorted=True)
+        keys[:, width : (plan.spine_len + 1) * width : width] |= _SPINE_BIT
+    picked = keys.topk(budget, dim=1, largest=False, sorted=True)
     key = picked.values
 
     low = key & _LOW_MASK
-    rank = low % topk
-    level = low // (width * topk)  # 0-based: the node sits at depth level + 1
-    # low // K = level * width + parent slot, and the parent sits at flat slot
-    # (level - 1) * width + parent slot of the merged table.
-    parent_flat = low // topk - width
-    node_of_flat = torch.zeros(batch, depth * width, dtype=torch.long, device=device)
-    node_of_flat.scatter_(1, picked.indices, torch.arange(1, budget + 1, device=device).expand(batch, budget))
-    parents = torch.where(level == 0, 0, node_of_flat.gather(1, parent_flat.clamp(min=0)))
-    tokens = top_tokens.reshape(batch, depth * topk).gather(1, level * topk + rank)
-    costs = ((key >> _COST_SHIFT) & _COST_MASK).int().view(torch.float32)
+    node_depths = (picked.indices // width).clamp(max=depth)
+    node_of_slot = torch.zeros_like(keys)
+    node_of_slot.scatter_(1, picked.indices, torch.arange(1, budget + 1, device=device).expand(batch, budget))
+    parents = node_of_slot.gather(1, low // topk)
+    token_index = torch.add(low % topk, node_depths - 1, alpha=topk)
+    tokens = top_tokens.reshape(batch, depth * topk).gather(1, token_index)
+    # Bits 31..62 of the key, truncated to 32 bits: the cost's float32 pattern.
+    costs = (key >> _COST_SHIFT).int().view(torch.float32)
 
     return DDTree(
         tokens=torch.cat([root_tokens.unsqueeze(1), tokens], dim=1),
         parents=torch.nn.functional.pad(parents, (1, 0), value=-1),
-        depths=torch.nn.functional.pad(level + 1, (1, 0), value=0),
+        depths=torch.nn.functional.pad(node_depths, (1, 0), value=0),
         node_logws=torch.nn.functional.pad(0.0 - costs, (1, 0), value=0.0),
         max_depth=depth,
+        best_first=True,
     )
-
