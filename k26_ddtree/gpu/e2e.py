@@ -191,6 +191,11 @@ class MemorySampler(threading.Thread):
 
 # --- workloads -----------------------------------------------------------------------------------
 
+# Many servers share the one GPU; one workload at a time keeps each cell's tok/s its own
+# (servers still starting up only compile and capture, which costs little GPU time).
+GPU_TURN = threading.Lock()
+
+
 def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_tokens: int, want_logprobs: bool,
                  deadline: float):
     """Send the workload's requests; returns (results in prompt order, wall seconds)."""
@@ -261,7 +266,8 @@ def serve_workloads(server: Server, names: list[str], spec: dict, prompts, refer
             server.status = f"cut off at the run deadline before {wname}"
             break
         workload = spec["workloads"][wname]
-        results, wall = run_workload(server, workload, prompts, spec["new_tokens"], want_logprobs, deadline)
+        with GPU_TURN:
+            results, wall = run_workload(server, workload, prompts, spec["new_tokens"], want_logprobs, deadline)
         raw[wname] = results
         cell = cell_record(server, wname, workload, results, wall, reference, spec["eps"])
         cells.append(cell)
@@ -520,6 +526,9 @@ def run(args) -> dict:
     for t in threads:
         t.join()
 
+    if args.bench_server:
+        run_bench_harness(servers, args, deadline)
+
     results = shared["results"]
     for s in servers:
         if s.status == "ready" and s.proc.poll() is not None:
@@ -538,7 +547,7 @@ def run(args) -> dict:
     servers_out = []
     for s in servers:
         servers_out.append({"name": s.spec.name, "algo": s.spec.algo, "budget": s.spec.budget, "topk": s.spec.topk,
-                            "oracle": s.spec.oracle, "eager": s.spec.eager, "status": s.status, "ready_s": s.ready_s,
+                            "oracle": s.spec.oracle, "eager": s.spec.eager, "spine": s.spec.spine, "status": s.status, "ready_s": s.ready_s,
                             "capture_s": capture_seconds(s.log), "peak_mem_mib": s.peak_mem_mib,
                             "fatal_log_lines": fatal_lines(s.log),
                             "avg_spec_accept_length": results.get(s.spec.name, {}).get("avg_spec_accept_length"),
@@ -555,6 +564,38 @@ def run(args) -> dict:
     write_outputs(args.out, report, logs)
     say(f"run {args.run}: {report['overall']} ({report['wall_s']} s)")
     return report
+
+
+def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
+    """`k26-deploy bench` (the users' harness) against the named live servers, one at a time,
+    then its report; everything lands in OUT/bench-harness/."""
+    out = args.out / "bench-harness"
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "bench-harness.json"
+    log = out / "bench-harness.log"
+    by_name = {s.spec.name: s for s in servers}
+    for name in args.bench_server:
+        server = by_name.get(name)
+        if server is None or server.status != "ready":
+            say(f"bench harness: {name} is not ready, skipped")
+            continue
+        budget = deadline - time.time() - MIN_WORKLOAD_S
+        if budget < 20:
+            say(f"bench harness: no time left for {name}")
+            break
+        cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(results),
+               "--label", name, "--contexts", "60,512", "--concurrency", "1,8", "--output-len", "128",
+               "--id-range", "3:2000", "--seed", "0", "--quiet"]
+        with GPU_TURN, log.open("a") as fh:
+            try:
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=budget).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        say(f"bench harness {name}: exit {rc}")
+    if results.exists():
+        with log.open("a") as fh:
+            subprocess.run([sys.executable, "-m", "k26_ddtree", "bench", "report", str(results), "--out", str(out)],
+                           stdout=fh, stderr=subprocess.STDOUT, timeout=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -578,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: copy --site and run `python -m k26_ddtree apply` on the copy)")
     parser.add_argument("--oracle-file", type=Path, help="an earlier run's oracle-runN.json (same model): "
                         "lets -oracle servers start with the others instead of after this run's AR")
+    parser.add_argument("--bench-server", action="append", default=[],
+                        help="also run `k26-deploy bench` against this server once its cells are done "
+                        "(repeatable; results in OUT/bench-harness/)")
     args = parser.parse_args(argv)
     try:
         report = run(args)

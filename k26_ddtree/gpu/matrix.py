@@ -1,7 +1,10 @@
 """The proving-ground matrix: server names, what they mean, and the sglang command line of each.
 
 Server names say everything: `ar`, `dflash`, `ddtree-b<budget>-k<topk>-<real|oracle>`,
-each optionally suffixed `-eager` (no CUDA graphs). `matrix.json` (tests/gpu/) lists
+a DDTree name optionally suffixed `-spine` (--speculative-ddtree-spine), and any name
+optionally suffixed `-eager` (no CUDA graphs). The issue's matrix is BUDGETS x TOPKS; any
+other valid budget (1 <= budget <= sum of topk^d) may be named too, e.g. b2 to show that
+small budgets start. `matrix.json` (tests/gpu/) lists
 which servers each device run starts.
 """
 
@@ -17,7 +20,9 @@ from k26_ddtree.errors import UserError
 BUDGETS = (4, 8, 16, 32, 64)
 TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
-_NAME = re.compile(r"^(ar|dflash|ddtree-b(?P<b>\d+)-k(?P<k>\d+)-(?P<drafter>real|oracle))(?P<eager>-eager)?$")
+_NAME = re.compile(
+    r"^(ar|dflash|ddtree-b(?P<b>\d+)-k(?P<k>\d+)-(?P<drafter>real|oracle)(?P<spine>-spine)?)(?P<eager>-eager)?$"
+)
 
 
 def max_budget(topk: int, block_size: int = BLOCK_SIZE) -> int:
@@ -37,6 +42,7 @@ class ServerSpec:
     topk: int = 0
     oracle: bool = False
     eager: bool = False
+    spine: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -46,7 +52,7 @@ class ServerSpec:
 def parse_server(name: str) -> ServerSpec:
     m = _NAME.match(name)
     if not m:
-        raise UserError(f"server name {name!r}: expected ar, dflash or ddtree-b<B>-k<K>-<real|oracle>, "
+        raise UserError(f"server name {name!r}: expected ar, dflash or ddtree-b<B>-k<K>-<real|oracle>[-spine], "
                         "optionally with -eager")
     eager = bool(m.group("eager"))
     if name.startswith("ar"):
@@ -54,10 +60,10 @@ def parse_server(name: str) -> ServerSpec:
     if name.startswith("dflash"):
         return ServerSpec(name, "DFLASH", eager=eager)
     budget, topk = int(m.group("b")), int(m.group("k"))
-    if (budget, topk) not in valid_pairs():
-        raise UserError(f"server {name}: budget {budget} with topk {topk} is not a matrix pair "
-                        f"(budgets {BUDGETS}, topk {TOPKS}, budget <= sum of topk^d for d=1..{BLOCK_SIZE - 1})")
-    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter") == "oracle", eager)
+    if not (1 <= budget <= max_budget(topk)) or topk < 1:
+        raise UserError(f"server {name}: budget {budget} with topk {topk} is not valid "
+                        f"(1 <= budget <= sum of topk^d for d=1..{BLOCK_SIZE - 1})")
+    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter") == "oracle", eager, bool(m.group("spine")))
 
 
 def load(path: Path) -> dict:
@@ -93,4 +99,6 @@ def server_command(spec: ServerSpec, models: Path, port: int, settings: dict) ->
         cmd += ["--speculative-algorithm", spec.algo, "--speculative-draft-model-path", str(models / "drafter")]
     if spec.algo == "DDTREE":
         cmd += ["--speculative-ddtree-budget", str(spec.budget), "--speculative-ddtree-topk", str(spec.topk)]
+        if spec.spine:
+            cmd.append("--speculative-ddtree-spine")
     return cmd
