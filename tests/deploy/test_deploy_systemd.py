@@ -3,19 +3,25 @@
 The unit is the one users get, rendered from a profile that extends base; only
 its python runs the stand-in sglang.launch_server (PYTHONPATH=tests/standin),
 which loads for a second, then serves. The unit file and the last-good copy live
-on the namespace's private /run, so nothing is left on the host.
+on the namespace's private /run, so nothing is left on the host. The last test
+boots a namespace that carries trees under /tmp and /var/tmp, where CI may clone.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import shutil
 import sys
+import tempfile
 import urllib.request
+import uuid
+from pathlib import Path
 
 import pytest
 
-from deploy_helpers import STANDIN, free_port
+from deploy_helpers import SCRATCH, STANDIN, free_port
+from systemd_ns import HOLD_ROOT, SystemdNamespace, unavailable_reason
 
 pytestmark = pytest.mark.systemd
 
@@ -191,3 +197,38 @@ def test_a_second_restart_of_the_same_unit_is_refused(systemd_ns, scratch):
         proc = k26("reconfigure", "--budget", "4", "--allow-missing-model")
     assert proc.returncode == 2
     assert "another k26-deploy is restarting k26-locked right now" in proc.stderr
+
+
+def test_checkouts_under_tmp_and_var_tmp_stay_visible_and_the_hosts_tmp_is_kept():
+    """CI clones wherever it likes: a tree under /tmp or /var/tmp is seen at its own path inside."""
+    carried = [Path(tempfile.mkdtemp(prefix="k26-carry-", dir=root)) for root in ("/tmp", "/var/tmp")]
+    host_only = Path(tempfile.mkdtemp(prefix="k26-host-only-", dir="/tmp"))
+    workdir = SCRATCH / f"ns-{uuid.uuid4().hex[:12]}"
+    ns = None
+    try:
+        reason = unavailable_reason(carried)
+        if reason:
+            pytest.skip(f"real-systemd test: {reason}")
+        for tree in carried:
+            (tree / "nested").mkdir()
+            (tree / "nested" / "kept.txt").write_text(str(tree))
+        (host_only / "kept.txt").write_text("host")
+        workdir.mkdir(parents=True)
+        holds_before = set(HOLD_ROOT.glob("*"))
+        ns = SystemdNamespace(workdir, carried)
+        ns.start()
+        for tree in carried:
+            assert ns.run(["cat", str(tree / "nested" / "kept.txt")]).stdout == str(tree)
+            assert ns.run(["touch", str(tree / "written-inside")]).returncode == 0
+        assert ns.run(["test", "-e", str(host_only)]).returncode == 1, "the namespace has its own /tmp"
+        assert (host_only / "kept.txt").read_text() == "host", "systemd's boot clean-up left the host's /tmp alone"
+        ns.stop()
+        for tree in carried:
+            assert (tree / "nested" / "kept.txt").read_text() == str(tree)
+            assert (tree / "written-inside").exists(), "the carried tree is the host's, not a copy"
+        assert set(HOLD_ROOT.glob("*")) <= holds_before, "its holding dirs are removed"
+    finally:
+        if ns is not None:
+            ns.stop()
+        for tree in (*carried, host_only, workdir):
+            shutil.rmtree(tree, ignore_errors=True)
