@@ -156,6 +156,24 @@ def wait_ready(server: Server, timeout: float) -> None:
         say(f"{server.spec.name} {server.status}\n{log_tail(server.log)}")
 
 
+class StartLatch:
+    """Opens once every first-wave server is ready or has failed: no workload runs while another
+    server still compiles and captures graphs on the same GPU, so tok/s are comparable."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.cond = threading.Condition()
+
+    def arrive(self) -> None:
+        with self.cond:
+            self.count -= 1
+            self.cond.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.count <= 0, timeout)
+
+
 class MemorySampler(threading.Thread):
     """Peak GPU memory per server: nvidia-smi's per-process usage summed over each server's process tree."""
 
@@ -462,6 +480,7 @@ def run(args) -> dict:
     sampler = MemorySampler(servers)
     sampler.start()
     reference_ready = threading.Event()
+    started = StartLatch(sum(1 for n in envs if n not in second_wave))
     shared: dict = {"reference": None, "ref_rows": [], "results": {}}
 
     def ar_thread(ar: Server) -> None:
@@ -473,7 +492,11 @@ def run(args) -> dict:
             reference_ready.set()
 
     def ar_work(ar: Server) -> None:
-        wait_ready(ar, timeout())
+        try:
+            wait_ready(ar, timeout())
+        finally:
+            started.arrive()
+        started.wait(timeout())
         cells, raw = serve_workloads(ar, spec["ar_workloads"], spec, prompts, None, deadline, want_logprobs=True)
         rows = [r for r in raw.get("greedy-c1", []) if "error" not in r]
         if len(rows) == len(prompts):
@@ -507,7 +530,12 @@ def run(args) -> dict:
                 server.status = "skipped: no AR reference for the oracle file"
                 return
             stagger.launch(server, args.python, args.models, spec["server"], envs[name])
-        wait_ready(server, timeout())
+        try:
+            wait_ready(server, timeout())
+        finally:
+            if name not in second_wave:
+                started.arrive()
+        started.wait(timeout())
         reference_ready.wait()
         workloads = spec["spec_workloads"] if server.spec.speculative else spec["ar_workloads"]
         cells, _ = serve_workloads(server, workloads, spec, prompts, shared["reference"], deadline)

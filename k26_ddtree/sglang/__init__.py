@@ -46,6 +46,14 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 block_size from args.draft_block_size, hybrid-model
                                 check, oracle; _prepare_for_speculative_decoding: the tree
                                 instead of the argmax chain.
+  model_executor/model_runner_kv_cache_mixin.py
+                                _init_pools: req_to_token rows get args.req_to_token_extra
+                                columns past the context (the draft block and the tree
+                                both live in the row; a small budget's tree is shorter
+                                than the block).
+  managers/schedule_batch.py    new_tokens_required_next_decode: the decode-memory check
+                                reserves args.tokens_per_request_step per request, so the
+                                draft block's scratch allocation always fits.
   model_executor/cuda_graph_runner.py
                                 can_run: guards.check_graph_batch (tokens-per-request
                                 mismatch -> VerifyShapeError); get_spec_info for DFLASH

@@ -15,6 +15,12 @@ block back (`apply_to_draft_args`): its runner, graphs and triton backend
 size themselves from that copy, and a budget + 1 leaking into them makes the
 draft read and write past its 8-token rows in the shared graph pool.
 
+Per request a decode step claims max(budget + 1, block) token slots and
+req_to_token columns (the draft block first, then the tree): the scheduler's
+decode-memory check and the req_to_token row width use
+`tokens_per_request_step`, so every budget >= 1 fits, including those whose
+tree is smaller than the block.
+
 Nothing here imports sglang: server_args.py imports this module.
 """
 
@@ -156,13 +162,6 @@ def finalize(server_args) -> None:
             f"of topk {topk} over {block_size - 1} draft positions (block size {block_size}); "
             "lower the budget or raise --speculative-ddtree-topk"
         )
-    # SGLang sizes each req_to_token row as context + 4 + speculative_num_draft_tokens,
-    # and the draft block (block_size slots) is written into that row too.
-    if budget + 1 < block_size - 4:
-        raise DDTreeArgsError(
-            f"--speculative-ddtree-budget {budget} is too small for DFLASH block size {block_size}: "
-            f"DDTree needs budget >= {block_size - 5} so the draft block fits the request's token table"
-        )
     backends = {b for b in server_args.get_attention_backends() if b is not None}
     if backends != {SUPPORTED_ATTENTION_BACKEND}:
         raise DDTreeArgsError(
@@ -191,6 +190,25 @@ def draft_block_size(server_args) -> int:
     if is_ddtree(server_args):
         return int(server_args.speculative_dflash_block_size)
     return int(server_args.speculative_num_draft_tokens)
+
+
+def tokens_per_request_step(server_args) -> int:
+    """The most KV slots (and req_to_token columns past the prefix) one decode step
+    claims per request: the verify's speculative_num_draft_tokens, and for DDTree
+    also the draft block, whose scratch slots are written into the same row and
+    allocated before the verify's (budget + 1 can be smaller than the block)."""
+    tokens = int(server_args.speculative_num_draft_tokens)
+    if is_ddtree(server_args):
+        tokens = max(tokens, draft_block_size(server_args))
+    return tokens
+
+
+def req_to_token_extra(server_args) -> int:
+    """Columns each req_to_token row gets past the context length: SGLang's 4, plus
+    one decode step's tokens per request when decoding speculatively."""
+    if server_args.speculative_num_draft_tokens is None:
+        return 4
+    return 4 + tokens_per_request_step(server_args)
 
 
 def apply_to_draft_args(draft_server_args) -> None:

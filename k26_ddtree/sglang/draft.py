@@ -17,51 +17,67 @@ target's verification decides what is committed.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from k26_ddtree.tree import DDTree, build_ddtree
 
 ROWS_PER_CHUNK = 256
 
 
-def _shard_logits(hidden: torch.Tensor, lm_head) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [M, n] float32, global token id of each column [n]) of this rank's vocab shard."""
+def _shard_logits(hidden: torch.Tensor, lm_head) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits [M, n] float32, global token id of each column [n]) of this rank's vocab shard;
+    the ids are None when the columns are the base vocab alone, which starts at
+    org_vocab_start_index (the usual case: no id table to build and gather per step)."""
     shard = lm_head.shard_indices
     weight = lm_head.weight
     num_org = int(shard.num_org_elements)
     num_org_padded = int(shard.num_org_elements_padded)
     num_added = int(shard.num_added_elements)
     hs = hidden if hidden.dtype == weight.dtype else hidden.to(weight.dtype)
+    logits = torch.matmul(hs, weight[:num_org].T).float()
+    if num_added == 0:
+        return logits, None
+    # Added (e.g. LoRA) vocab sits after the padded base vocab in the local weight.
     device = hidden.device
-    parts = [torch.matmul(hs, weight[:num_org].T).float()]
-    ids = [torch.arange(num_org, device=device) + int(shard.org_vocab_start_index)]
-    if num_added > 0:
-        # Added (e.g. LoRA) vocab sits after the padded base vocab in the local weight.
-        parts.append(torch.matmul(hs, weight[num_org_padded : num_org_padded + num_added].T).float())
-        ids.append(torch.arange(num_added, device=device) + int(shard.added_vocab_start_index))
-    return torch.cat(parts, dim=1), torch.cat(ids)
+    added = torch.matmul(hs, weight[num_org_padded : num_org_padded + num_added].T).float()
+    ids = torch.cat(
+        [
+            torch.arange(num_org, device=device) + int(shard.org_vocab_start_index),
+            torch.arange(num_added, device=device) + int(shard.added_vocab_start_index),
+        ]
+    )
+    return torch.cat([logits, added], dim=1), ids
+
+
+def _chunk_topk(hidden: torch.Tensor, lm_head, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits, column_ids = _shard_logits(hidden, lm_head)
+    k = min(topk, logits.shape[1])
+    top = logits.topk(k, dim=1)
+    if column_ids is None:
+        token_ids = top.indices + int(lm_head.shard_indices.org_vocab_start_index)
+    else:
+        token_ids = column_ids[top.indices]
+    values = top.values
+    if k < topk:
+        values = F.pad(values, (0, topk - k), value=float("-inf"))
+        token_ids = F.pad(token_ids, (0, topk - k), value=0)
+    return values, token_ids, torch.logsumexp(logits, dim=1)
 
 
 def shard_topk(hidden: torch.Tensor, lm_head, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's part: (values [M, K] f32, token ids [M, K] long, log-sum-exp [M] f32).
 
     A shard with fewer than K tokens pads with -inf values, which never win the merge.
+    Rows go through the lm_head in chunks of ROWS_PER_CHUNK to bound the fp32 logits.
     """
     rows = hidden.shape[0]
-    device = hidden.device
-    values = torch.full((rows, topk), float("-inf"), dtype=torch.float32, device=device)
-    token_ids = torch.zeros((rows, topk), dtype=torch.long, device=device)
-    lse = torch.full((rows,), float("-inf"), dtype=torch.float32, device=device)
-    for start in range(0, rows, ROWS_PER_CHUNK):
-        end = min(rows, start + ROWS_PER_CHUNK)
-        logits, column_ids = _shard_logits(hidden[start:end], lm_head)
-        k = min(topk, logits.shape[1])
-        if k == 0:
-            continue
-        top = logits.topk(k, dim=1)
-        values[start:end, :k] = top.values
-        token_ids[start:end, :k] = column_ids[top.indices]
-        lse[start:end] = torch.logsumexp(logits, dim=1)
-    return values, token_ids, lse
+    if rows <= ROWS_PER_CHUNK:
+        return _chunk_topk(hidden, lm_head, topk)
+    parts = [
+        _chunk_topk(hidden[start : start + ROWS_PER_CHUNK], lm_head, topk)
+        for start in range(0, rows, ROWS_PER_CHUNK)
+    ]
+    return tuple(torch.cat(columns, dim=0) for columns in zip(*parts))
 
 
 def merge_shards(
@@ -91,7 +107,8 @@ def topk_logprobs(
     values, token_ids, lse = shard_topk(hidden, lm_head, topk)
     tp = 1 if tp_group is None else int(tp_group.world_size)
     if tp == 1:
-        return merge_shards(values.unsqueeze(0), token_ids.unsqueeze(0), lse.unsqueeze(0), topk)
+        # One shard is the whole vocabulary: its top-K, already descending, is the answer.
+        return token_ids, (values - lse.unsqueeze(1)).clamp(max=0.0)
     rows = hidden.shape[0]
     gathered_values = values.new_empty((tp * rows, topk))
     gathered_ids = token_ids.new_empty((tp * rows, topk))

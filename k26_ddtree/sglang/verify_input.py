@@ -21,6 +21,12 @@ commit    the accepted path's KV slots stay, in depth order, at req_to_token
 
 Everything returned is a fresh tensor (index copies), never a view into the
 CUDA-graph output buffers, which the next replay overwrites.
+
+Host syncs per step: one device -> host copy (tokens, path and accept length
+together) for the per-request loop DFlash also has, then one host -> device
+copy of every index the commit needs; no boolean-mask indexing (a nonzero
+sync each) anywhere, so greedy verify syncs less than DFlash's own. Sampling
+adds what DFlash's sampling adds (the largest top-k, read on the host).
 """
 
 from __future__ import annotations
@@ -56,35 +62,13 @@ def verify_custom_mask(ancestor: torch.Tensor, prefix_lens: torch.Tensor, prefix
         return mask
     prefix = prefix_lens.to(device=device, dtype=torch.int64)
     row_len = prefix + n
-    starts = torch.cumsum(row_len * n, dim=0) - row_len * n
+    entries = row_len * n
+    # Where request b's ancestor block starts: its first row, past its prefix.
+    block_start = torch.cumsum(entries, dim=0) - entries + prefix
     node = torch.arange(n, device=device)
-    index = (
-        starts.view(batch, 1, 1)
-        + node.view(1, n, 1) * row_len.view(batch, 1, 1)
-        + prefix.view(batch, 1, 1)
-        + node.view(1, 1, n)
-    )
+    index = block_start.view(batch, 1, 1) + node.view(1, n, 1) * row_len.view(batch, 1, 1) + node.view(1, 1, n)
     mask[index.reshape(-1)] = ancestor.reshape(-1)
     return mask
-
-
-def write_req_to_token(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    start: torch.Tensor,
-    slots: torch.Tensor,
-    lengths: torch.Tensor,
-    width: int,
-) -> None:
-    """req_to_token[req_pool_indices[b], start[b] + j] = the b-th run of `slots`, j < lengths[b].
-
-    slots holds the runs back to back (batch-major), sum(lengths) entries; width >= max(lengths).
-    """
-    offsets = torch.arange(width, device=req_to_token.device)
-    cols = start.to(torch.int64).unsqueeze(1) + offsets
-    rows = req_pool_indices.to(torch.int64).unsqueeze(1).expand(-1, width)
-    valid = offsets < lengths.to(torch.int64).unsqueeze(1)
-    req_to_token[rows[valid], cols[valid]] = slots.to(req_to_token.dtype)
 
 
 @dataclass
@@ -101,22 +85,22 @@ class PathCommit:
     hidden: torch.Tensor
 
 
-def commit_path(path: torch.Tensor, commit_lens: torch.Tensor, node_slots: torch.Tensor, hidden: torch.Tensor) -> PathCommit:
-    """path [B, D + 1] local node indices (root first, -1 padded); commit_lens [B]
-    (<= accepted drafts + 1); node_slots [B, N] the KV slot of every node;
-    hidden [B, N, F] the target hidden state at every node."""
+def commit_path(kept_nodes: torch.Tensor, node_slots: torch.Tensor, hidden: torch.Tensor) -> PathCommit:
+    """kept_nodes [T] flat node indices (b * N + local) of the committed path nodes,
+    batch-major and in depth order within a request; node_slots [B, N] the KV slot of
+    every node; hidden [B, N, F] the target hidden state at every node.
+
+    No host sync: the freed nodes are the first B * N - T of a stable sort that puts
+    kept nodes last (T is known from kept_nodes' shape), in node order.
+    """
     batch, n = node_slots.shape
-    device = node_slots.device
-    width = path.shape[1]
-    keep = torch.arange(width, device=device).unsqueeze(0) < commit_lens.to(device).unsqueeze(1)
-    flat_nodes = torch.arange(batch, device=device).unsqueeze(1) * n + path.clamp(min=0)
-    kept_nodes = flat_nodes[keep]
-    is_kept = torch.zeros(batch * n, dtype=torch.bool, device=device)
-    is_kept[kept_nodes] = True
+    is_kept = torch.zeros(batch * n, dtype=torch.uint8, device=node_slots.device)
+    is_kept[kept_nodes] = 1
+    freed_nodes = torch.argsort(is_kept, stable=True)[: batch * n - kept_nodes.shape[0]]
     slots = node_slots.reshape(-1)
     return PathCommit(
         kept_slots=slots[kept_nodes],
-        freed_slots=slots[~is_kept],
+        freed_slots=slots[freed_nodes],
         hidden=hidden.reshape(batch * n, -1)[kept_nodes],
     )
 
@@ -249,14 +233,10 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         n = self.draft_token_num
         batch.input_ids = self.draft_token
         batch.out_cache_loc = alloc_token_slots(batch.tree_cache, bs * n)
-        write_req_to_token(
-            batch.req_to_token_pool.req_to_token,
-            batch.req_pool_indices,
-            batch.seq_lens,
-            batch.out_cache_loc,
-            torch.full((bs,), n, dtype=torch.int64, device=batch.seq_lens.device),
-            n,
-        )
+        req_to_token = batch.req_to_token_pool.req_to_token
+        cols = batch.seq_lens.to(torch.int64).unsqueeze(1) + torch.arange(n, device=req_to_token.device)
+        rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1)
+        req_to_token[rows, cols] = batch.out_cache_loc.view(bs, n).to(req_to_token.dtype)
         self.custom_mask = verify_custom_mask(tree_attention_mask(self.tree), batch.seq_lens, batch.seq_lens_cpu)
 
     def _accept(self, batch, logits: torch.Tensor) -> Acceptance:
@@ -287,53 +267,61 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         device = logits.device
         acc = self._accept(batch, logits)
 
-        tokens = committed_tokens(self.tree, acc)
-        packed = torch.cat([tokens, acc.accept_len.unsqueeze(1)], dim=1).cpu()
+        # The one device -> host copy of the step: committed tokens, accepted path, accept length.
+        width = acc.path.shape[1]
+        packed = torch.cat([committed_tokens(self.tree, acc), acc.path, acc.accept_len.unsqueeze(1)], dim=1)
         commit_lens_cpu: List[int] = []
         accepted_cpu: List[int] = []
         new_verified: List[int] = []
-        for i, req in enumerate(batch.reqs):
-            accept_len = int(packed[i, -1])
+        kept_nodes: List[int] = []
+        kept_rows: List[int] = []
+        kept_depths: List[int] = []
+        for i, (req, row) in enumerate(zip(batch.reqs, packed.cpu().tolist())):
+            accept_len = row[-1]
             appended = 0
-            for token_id in packed[i, : accept_len + 1].tolist():
-                req.output_ids.append(int(token_id))
+            for token_id in row[: accept_len + 1]:
+                req.output_ids.append(token_id)
                 appended += 1
                 req.check_finished()
                 if req.finished():
                     break
                 if req.grammar is not None:
-                    req.grammar.accept_token(int(token_id))
+                    req.grammar.accept_token(token_id)
             commit_lens_cpu.append(appended)
             accepted_cpu.append(appended - 1)
             new_verified.append(int(req.output_ids[-1]))
+            kept_nodes.extend(i * n + node for node in row[width : width + appended])
+            kept_rows.extend([i] * appended)
+            kept_depths.extend(range(appended))
             req.spec_verify_ct += 1
             req.spec_accepted_drafts += appended - 1
             req.update_spec_acceptance_histogram(appended - 1)
             req.kv_committed_len += appended
             req.kv_allocated_len = req.kv_committed_len
 
-        commit_lens = torch.tensor(commit_lens_cpu, dtype=torch.int32, device=device)
+        # The one host -> device copy: everything the commit indexes with.
+        kept = len(kept_nodes)
+        uploaded = torch.tensor(
+            commit_lens_cpu + new_verified + kept_nodes + kept_rows + kept_depths, dtype=torch.int64
+        ).to(device)
+        commit_lens = uploaded[:bs].to(torch.int32)
+        new_verified_id = uploaded[bs : 2 * bs]
+        kept_index = uploaded[2 * bs :].view(3, kept)
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTree verify requires the target hidden states, but got None")
-        commit = commit_path(acc.path, commit_lens, batch.out_cache_loc.view(bs, n), hidden.view(bs, n, -1))
+        commit = commit_path(kept_index[0], batch.out_cache_loc.view(bs, n), hidden.view(bs, n, -1))
         batch.token_to_kv_pool_allocator.free(commit.freed_slots)
         batch.out_cache_loc = commit.kept_slots
-        write_req_to_token(
-            batch.req_to_token_pool.req_to_token,
-            batch.req_pool_indices,
-            batch.seq_lens,
-            commit.kept_slots,
-            commit_lens,
-            acc.path.shape[1],
-        )
+        # The path's slots go to req_to_token[prefix + depth], in depth order.
+        req_to_token = batch.req_to_token_pool.req_to_token
+        kept_rows_dev = kept_index[1]
+        req_to_token[
+            batch.req_pool_indices.to(torch.int64)[kept_rows_dev],
+            batch.seq_lens.to(torch.int64)[kept_rows_dev] + kept_index[2],
+        ] = commit.kept_slots.to(req_to_token.dtype)
         batch.seq_lens.add_(commit_lens.to(batch.seq_lens.dtype))
         batch.seq_lens_cpu.add_(torch.tensor(commit_lens_cpu, dtype=batch.seq_lens_cpu.dtype))
         batch.seq_lens_sum += sum(commit_lens_cpu)
         logits_output.hidden_states = None
-        return (
-            torch.tensor(new_verified, dtype=torch.int64, device=device),
-            commit_lens,
-            commit.hidden,
-            accepted_cpu,
-        )
+        return new_verified_id, commit_lens, commit.hidden, accepted_cpu

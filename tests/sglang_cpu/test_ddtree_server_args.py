@@ -105,6 +105,49 @@ def test_explicit_block_size_and_matching_num_draft_tokens(patched_sglang, model
     assert (args.speculative_dflash_block_size, args.speculative_num_draft_tokens) == (4, 13)
 
 
+@pytest.mark.parametrize("budget, topk", [(1, 1), (2, 1), (3, 4), (4, 4)])
+def test_budgets_below_the_block_are_accepted(patched_sglang, models, budget, topk):
+    from k26_ddtree.sglang.args import req_to_token_extra, tokens_per_request_step
+
+    args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
+                     "--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk", str(topk)))
+    assert (args.speculative_num_draft_tokens, args.speculative_dflash_block_size) == (budget + 1, 8)
+    # The draft block (8 slots) is claimed before the smaller tree, in the same req_to_token row.
+    assert tokens_per_request_step(args) == 8
+    assert req_to_token_extra(args) == 4 + 8
+
+
+def test_budget_without_a_block_size_flag_on_a_small_block(patched_sglang, models):
+    from k26_ddtree.sglang.args import req_to_token_extra
+
+    args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
+                     "--speculative-dflash-block-size", "16", "--speculative-ddtree-budget", "2"))
+    assert (args.speculative_num_draft_tokens, args.speculative_dflash_block_size) == (3, 16)
+    assert req_to_token_extra(args) == 4 + 16
+
+
+@pytest.mark.parametrize("budget, extra", [(7, 4 + 8), (16, 4 + 17), (64, 4 + 65)])
+def test_req_to_token_extra_covers_the_larger_of_tree_and_block(patched_sglang, models, budget, extra):
+    from k26_ddtree.sglang.args import apply_to_draft_args, req_to_token_extra
+
+    args = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
+                     "--speculative-ddtree-budget", str(budget)))
+    assert req_to_token_extra(args) == extra
+    draft_args = copy.deepcopy(args)
+    apply_to_draft_args(draft_args)
+    # A compact draft cache (draft window) sizes its own rows from the draft args: the block.
+    assert req_to_token_extra(draft_args) == 4 + 8
+
+
+def test_req_to_token_extra_is_sglangs_own_without_ddtree(patched_sglang, models):
+    from k26_ddtree.sglang.args import req_to_token_extra, tokens_per_request_step
+
+    linear = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
+    assert (req_to_token_extra(linear), tokens_per_request_step(linear)) == (4 + 8, 8)
+    plain = parse(cli(models))
+    assert req_to_token_extra(plain) == 4
+
+
 def test_resolution_is_idempotent(patched_sglang, models):
     from sglang.srt.server_args import ServerArgs
 
@@ -126,8 +169,6 @@ def test_resolution_is_idempotent(patched_sglang, models):
         (["--speculative-ddtree-spine"], "need --speculative-ddtree-budget"),
         (["--speculative-ddtree-budget", "8", "--speculative-num-draft-tokens", "8"], r"budget \+ 1 = 9"),
         (["--speculative-ddtree-budget", "8", "--page-size", "16"], "--page-size 1"),
-        (["--speculative-ddtree-budget", "2"], "needs budget >= 3"),
-        (["--speculative-ddtree-budget", "10", "--speculative-dflash-block-size", "16"], "needs budget >= 11"),
     ],
 )
 def test_bad_flags_are_rejected_with_a_clear_message(patched_sglang, models, extra, message):

@@ -69,28 +69,35 @@ def test_chain_tree_mask_equals_dflash_causal_mask(patched_sglang):
     assert torch.equal(flat, torch.cat(expected))
 
 
+def flat_path_nodes(path, commit_lens, n):
+    """The flat node indices verify uploads: b * N + the first commit_lens[b] path nodes."""
+    return torch.tensor([b * n + node for b, row in enumerate(path) for node in row[: commit_lens[b]]])
+
+
 def test_commit_path_keeps_accepted_slots_in_depth_order_and_frees_the_rest(patched_sglang):
-    from k26_ddtree.sglang.verify_input import commit_path, write_req_to_token
+    from k26_ddtree.sglang.verify_input import commit_path
 
     n = 6
     node_slots = torch.tensor([[100, 101, 102, 103, 104, 105], [200, 201, 202, 203, 204, 205]])
     hidden = torch.arange(2 * n * 2, dtype=torch.float32).view(2, n, 2)
     # request 0 accepted 0 -> 2 -> 4 (non-first sibling, then its child), committing root + 2 drafts;
     # request 1 accepted 0 -> 1 -> 5 but finished after its first token: commit_len 1.
-    path = torch.tensor([[0, 2, 4, -1], [0, 1, 5, -1]])
-    commit_lens = torch.tensor([3, 1], dtype=torch.int32)
-    commit = commit_path(path, commit_lens, node_slots, hidden)
+    kept = flat_path_nodes([[0, 2, 4, -1], [0, 1, 5, -1]], [3, 1], n)
+    commit = commit_path(kept, node_slots, hidden)
     assert commit.kept_slots.tolist() == [100, 102, 104, 200]
-    assert sorted(commit.freed_slots.tolist()) == [101, 103, 105, 201, 202, 203, 204, 205]
+    assert commit.freed_slots.tolist() == [101, 103, 105, 201, 202, 203, 204, 205], "node order"
     assert torch.equal(commit.hidden, hidden.view(2 * n, 2)[[0, 2, 4, 6]])
 
-    req_to_token = torch.full((4, 16), -7, dtype=torch.int32)
-    req_pool_indices = torch.tensor([3, 1])
-    prefix = torch.tensor([5, 9])
-    write_req_to_token(req_to_token, req_pool_indices, prefix, commit.kept_slots, commit_lens, path.shape[1])
-    assert req_to_token[3, 5:8].tolist() == [100, 102, 104]
-    assert req_to_token[1, 9:10].tolist() == [200]
-    assert int((req_to_token != -7).sum()) == 4
+
+def test_commit_path_keeps_depth_order_when_node_indices_are_not_increasing(patched_sglang):
+    from k26_ddtree.sglang.verify_input import commit_path
+
+    node_slots = torch.arange(6).view(1, 6) + 10
+    hidden = torch.arange(6, dtype=torch.float32).view(1, 6, 1)
+    commit = commit_path(torch.tensor([0, 4, 2]), node_slots, hidden)
+    assert commit.kept_slots.tolist() == [10, 14, 12]
+    assert commit.freed_slots.tolist() == [11, 13, 15]
+    assert commit.hidden.view(-1).tolist() == [0.0, 4.0, 2.0]
 
 
 def test_commit_path_full_depth(patched_sglang):
@@ -98,7 +105,7 @@ def test_commit_path_full_depth(patched_sglang):
 
     node_slots = torch.arange(6).view(1, 6) + 10
     hidden = torch.arange(6, dtype=torch.float32).view(1, 6, 1)
-    commit = commit_path(torch.tensor([[0, 1, 3, 5]]), torch.tensor([4]), node_slots, hidden)
+    commit = commit_path(flat_path_nodes([[0, 1, 3, 5]], [4], 6), node_slots, hidden)
     assert commit.kept_slots.tolist() == [10, 11, 13, 15]
     assert sorted(commit.freed_slots.tolist()) == [12, 14]
     assert commit.hidden.view(-1).tolist() == [0.0, 1.0, 3.0, 5.0]

@@ -211,3 +211,47 @@ def test_decode_step_drafts_a_tree_verifies_it_and_commits_the_path(patched_sgla
     assert next_hidden.view(-1).tolist() == [float(i) for i in path_nodes]
     assert batch.req_to_token_pool.req_to_token[1, 6 : 6 + len(expected)].tolist() == [100 + i for i in path_nodes]
     assert sorted(allocator.freed) == sorted(100 + i for i in range(n) if i not in path_nodes)
+
+
+def test_budget_one_tree_is_smaller_than_the_draft_block(patched_sglang, monkeypatch):
+    """Budget 1: the draft still runs its 4-slot block, the target verifies 2 nodes (root + the
+    top-1 draft), and the step commits the draft plus the target's bonus."""
+    from k26_ddtree.sglang.args import DDTreeConfig
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    draft_hidden = torch.cat([torch.zeros(1, VOCAB), draft_logits([[10, 11], [12, 13], [14, 15]])])
+    worker, forwards = make_worker(patched_sglang, monkeypatch, draft_hidden)
+    worker.ddtree = DDTreeConfig(budget=1, topk=1, spine=False, block_size=BLOCK)
+    allocator = Allocator()
+    seq_lens = torch.tensor([6])
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE, has_grammar=False, sampling_info=None, batch_size=lambda: 1,
+        reqs=[Req([1, 2, 9])], device=torch.device("cpu"), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=6, req_pool_indices=torch.tensor([1]),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.full((4, 64), -1, dtype=torch.int32)),
+        tree_cache=SimpleNamespace(is_chunk_cache=lambda: True, token_to_kv_pool_allocator=allocator),
+        token_to_kv_pool_allocator=allocator, spec_info=None, input_ids=None, out_cache_loc=None,
+        return_hidden_states=True,
+    )
+    draft_input = SimpleNamespace(verified_id=torch.tensor([9]), draft_seq_lens=torch.tensor([6], dtype=torch.int32))
+
+    worker._prepare_for_speculative_decoding(batch, draft_input)
+
+    (draft_batch,) = forwards
+    assert draft_batch.out_cache_loc.numel() == BLOCK, "the draft block keeps its full size"
+    verify_input = batch.spec_info
+    assert verify_input.draft_token_num == 2
+    assert verify_input.tree.tokens.tolist() == [[9, 10]]
+    assert verify_input.custom_mask.numel() == 2 * (6 + 2)
+
+    logits = torch.nn.functional.one_hot(torch.tensor([10, 20]), VOCAB).float()
+    hidden = torch.tensor([[5.0], [7.0]])
+    new_verified, commit_lens, next_hidden, accepted = verify_input.verify(
+        batch=batch, logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden), page_size=1
+    )
+    assert batch.reqs[0].output_ids == [1, 2, 9, 10, 20]
+    assert (new_verified.tolist(), commit_lens.tolist(), accepted) == ([20], [2], [1])
+    assert next_hidden.view(-1).tolist() == [5.0, 7.0]
+    assert batch.req_to_token_pool.req_to_token[1, 6:8].tolist() == [100, 101]
+    assert allocator.freed == []
+    assert batch.seq_lens.tolist() == [8]
