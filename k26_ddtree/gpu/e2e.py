@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.gpu import lossless, matrix
+from k26_ddtree.gpu import lossless, matrix, profile
 
 ORACLE_ENV = "K26_DDTREE_ORACLE"
 REQUEST_TIMEOUT_S = 300
@@ -556,6 +556,8 @@ def run(args) -> dict:
 
     if args.bench_server:
         run_bench_harness(servers, args, deadline)
+    for name in args.profile_server:
+        profile_server(servers, name, prompts, spec["new_tokens"], args, deadline)
 
     results = shared["results"]
     for s in servers:
@@ -626,6 +628,41 @@ def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
                            stdout=fh, stderr=subprocess.STDOUT, timeout=120)
 
 
+PROFILE_STEPS = 16
+
+
+def profile_server(servers: list[Server], name: str, prompts, new_tokens: int, args, deadline: float) -> None:
+    """A torch-profiler trace of PROFILE_STEPS decode steps of one greedy request on the named
+    server, summarised into OUT/profile-NAME.txt (k26_ddtree.gpu.profile)."""
+    server = next((s for s in servers if s.spec.name == name), None)
+    if server is None or server.status != "ready" or deadline - time.time() < 60:
+        say(f"profile: {name} not ready or no time left, skipped")
+        return
+    trace_dir = args.work / f"profile-{name}"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    with GPU_TURN:
+        try:
+            post_json(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": PROFILE_STEPS,
+                                                      "activities": ["CPU", "GPU"]}, timeout=60)
+            post_json(server.url + "/generate", {"input_ids": prompts[0], "sampling_params": {
+                "max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}}, timeout=120)
+        except (OSError, ValueError) as err:
+            say(f"profile {name}: {type(err).__name__}: {err}")
+            return
+        trace = None
+        for _ in range(60):
+            trace = profile.newest_trace(trace_dir)
+            if trace is not None and time.time() - trace.stat().st_mtime > 2:
+                break
+            time.sleep(1)
+    if trace is None:
+        say(f"profile {name}: no trace was written")
+        return
+    report = profile.summarize(trace, PROFILE_STEPS)
+    (args.out / f"profile-{name}.txt").write_text(report)
+    say(f"profile {name}:\n" + "\n".join(report.splitlines()[:6]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e2e.py", description=__doc__.split("\n")[0])
     parser.add_argument("--matrix", type=Path, required=True, help="tests/gpu/matrix.json")
@@ -650,6 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-server", action="append", default=[],
                         help="also run `k26-deploy bench` against this server once its cells are done "
                         "(repeatable; results in OUT/bench-harness/)")
+    parser.add_argument("--profile-server", action="append", default=[],
+                        help=f"also record and summarise a torch-profiler trace of {PROFILE_STEPS} decode steps "
+                        "on this server (repeatable; OUT/profile-NAME.txt)")
     args = parser.parse_args(argv)
     try:
         report = run(args)
