@@ -14,7 +14,6 @@ Python and manylinux platforms and cached, so a second build is offline.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import io
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from k26_ddtree import __version__
 from k26_ddtree.errors import UserError
+from k26_ddtree.hashing import sha256_file
 
 DEFAULT_CACHE = Path("/var/cache/k26/gpu/wheels")
 TOP = "k26-bundle"
@@ -254,14 +254,6 @@ def copy_self(site: Path) -> None:
 
 
 # --- manifest and archive -----------------------------------------------------------------------
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def manifest_lines(root: Path) -> list[str]:
     """'HASH  site/REL' for every file under root/site, sorted (sha256sum -c format)."""

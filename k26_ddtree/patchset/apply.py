@@ -17,7 +17,8 @@ from typing import Callable
 from k26_ddtree.errors import UserError
 from k26_ddtree.patchset import importable
 from k26_ddtree.patchset.locate import Installation, locate
-from k26_ddtree.patchset.pins import load, sha256_bytes, sha256_file
+from k26_ddtree.hashing import sha256_bytes, sha256_file
+from k26_ddtree.patchset.pins import load
 from k26_ddtree.patchset.status import (APPLIED, CHECK_EXIT, FOREIGN, PARTIAL, PRISTINE, WRONG_VERSION,
                                         FileStatus, Status, inspect)
 from k26_ddtree.patchset.transaction import Change, replace_all, write_atomic

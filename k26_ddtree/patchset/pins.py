@@ -10,12 +10,12 @@ Layout of a patch set root (patches/sglang-0.5.11/):
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
+from k26_ddtree.hashing import sha256_bytes
 from k26_ddtree.resources import data_path
 
 SGLANG_VERSION = "0.5.11"
@@ -27,18 +27,6 @@ REGEN_HINT = "python -m k26_ddtree.patchset.regen"
 
 def default_root() -> Path:
     return data_path("patches", f"sglang-{SGLANG_VERSION}")
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def diff_name(rel: str) -> str:

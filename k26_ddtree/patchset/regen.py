@@ -15,9 +15,9 @@ import zipfile
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
+from k26_ddtree.hashing import sha256_bytes, sha256_file
 from k26_ddtree.patchset.pins import (FULL_DIR, PINS_FILE, SERIES_FILE, SGLANG_VERSION, FilePin, WheelPin,
-                                      default_root, diff_name, dump_pins, read_wheel_pin, sha256_bytes,
-                                      sha256_file)
+                                      default_root, diff_name, dump_pins, read_wheel_pin)
 from k26_ddtree.patchset.transaction import write_atomic
 from k26_ddtree.patchset.udiff import make_diff
 from k26_ddtree.patchset.wheel import pinned_wheel

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26_ddtree.patchset.locate import Installation
-from k26_ddtree.patchset.pins import FilePin, PatchSet, sha256_bytes
+from k26_ddtree.hashing import sha256_bytes
+from k26_ddtree.patchset.pins import FilePin, PatchSet
 
 PRISTINE = "pristine"
 APPLIED = "applied"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.patchset.pins import sha256_file
+from k26_ddtree.hashing import sha256_file
 
 _NEW_FILE_MODE = 0o644
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.patchset.pins import SGLANG_VERSION, WheelPin, sha256_file
+from k26_ddtree.hashing import sha256_file
+from k26_ddtree.patchset.pins import SGLANG_VERSION, WheelPin
 from k26_ddtree.resources import source_root
 
 # The platform tags are spelled out so every host downloads the same file the pin names,

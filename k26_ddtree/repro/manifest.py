@@ -9,7 +9,6 @@ to the root and sorted, so the same tree always gives the same bytes, and
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
+from k26_ddtree.hashing import sha256_file
 
 MANIFEST_NAME = "MANIFEST.sha256"
 COVERED_DIRS = ("patches", "services", "deploy/profiles", "bench", "env")
@@ -40,14 +40,6 @@ class Report:
     @property
     def clean(self) -> bool:
         return not (self.missing or self.changed or self.extra)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_name(rel: str) -> None:
@@ -111,7 +103,7 @@ def render(root: Path, files: list[str], say=print) -> str:
     lines = []
     for number, rel in enumerate(files, 1):
         _check_name(rel)
-        lines.append(f"{_sha256(root / rel)}  {rel}\n")
+        lines.append(f"{sha256_file(root / rel)}  {rel}\n")
         if number % 200 == 0:
             say(f"manifest: hashed {number}/{len(files)} files")
     return "".join(lines)
@@ -171,7 +163,7 @@ def verify(root: Path, manifest: Path) -> Report:
         path = root / rel
         if not path.is_file():
             report.missing.append(rel)
-        elif _sha256(path) != digest:
+        elif sha256_file(path) != digest:
             report.changed.append(rel)
         else:
             report.checked += 1

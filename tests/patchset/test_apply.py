@@ -11,7 +11,8 @@ import pytest
 from k26_ddtree.errors import UserError
 from k26_ddtree.patchset import apply
 from k26_ddtree.patchset.locate import locate
-from k26_ddtree.patchset.pins import load, sha256_file
+from k26_ddtree.hashing import sha256_file
+from k26_ddtree.patchset.pins import load
 from k26_ddtree.patchset.status import APPLIED, FOREIGN, PARTIAL, PRISTINE, WRONG_VERSION, inspect
 
 

@@ -10,8 +10,9 @@ import zipfile
 import pytest
 
 from k26_ddtree.patchset import regen
-from k26_ddtree.patchset.pins import (FULL_DIR, PINS_FILE, SERIES_FILE, default_root, diff_name, load, read_wheel_pin,
-                                      sha256_bytes, sha256_file)
+from k26_ddtree.hashing import sha256_bytes, sha256_file
+from k26_ddtree.patchset.pins import (FULL_DIR, PINS_FILE, SERIES_FILE, default_root, diff_name, load,
+                                      read_wheel_pin)
 from k26_ddtree.patchset.udiff import apply_diff
 from k26_ddtree.patchset.wheel import shipped_wheel
 
