@@ -4,6 +4,10 @@ Compares the heap reference (Python, one request at a time, CPU) with the
 batched builder + compile_ddtree_retrieve on the CPU and, when a GPU is
 present, on CUDA both eagerly and replayed from a CUDA graph (the way SGLang
 runs it). The batched path runs with validate=False, as in the server.
+The "aten ops" column counts the aten operators one step dispatches on the
+GPU's code path (traced on the meta device, so no GPU is needed): views and
+bare allocations excluded, each remaining op is about one CUDA kernel, and
+under graph replay the per-kernel cost dominates at these sizes.
 
     python3 bench/bench_tree.py                 # every configuration, markdown table
     python3 bench/bench_tree.py --json out.json # also write the rows as JSON
@@ -27,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from k26_ddtree.reference import heap_ddtree  # noqa: E402
 from k26_ddtree.retrieve import compile_ddtree_retrieve  # noqa: E402
@@ -51,6 +56,35 @@ def draft_inputs(batch: int, topk: int, device: str, seed: int = 0):
 def step(inputs, budget: int):
     tree = build_ddtree(*inputs, budget, validate=False)
     return tree, compile_ddtree_retrieve(tree)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops that launch work: views and bare allocations excluded."""
+
+    ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in self.ALLOCATIONS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def aten_ops(batch: int, budget: int, topk: int) -> int:
+    """aten ops in one step on the GPU's code path (meta tensors take it), after a warm-up
+    call that makes the cached constants."""
+    inputs = (
+        torch.zeros(batch, dtype=torch.long, device="meta"),
+        torch.zeros(batch, DEPTH, topk, dtype=torch.long, device="meta"),
+        torch.zeros(batch, DEPTH, topk, device="meta"),
+    )
+    step(inputs, budget)
+    with _OpCounter() as counter:
+        step(inputs, budget)
+    return counter.count
 
 
 def time_host(fn, min_seconds: float, max_reps: int) -> float:
@@ -106,7 +140,7 @@ def cuda_graph_step(inputs, budget: int):
 
 
 def measure(batch: int, budget: int, topk: int, devices: list[str], quick: bool) -> dict:
-    row = {"B": batch, "budget": budget, "K": topk, "D": DEPTH}
+    row = {"B": batch, "budget": budget, "K": topk, "D": DEPTH, "aten_ops": aten_ops(batch, budget, topk)}
     host_inputs = draft_inputs(batch, topk, "cpu")
     row["heap_ref_cpu_us"] = time_host(
         lambda: heap_ddtree(*host_inputs, budget), min_seconds=0.05 if quick else 0.2, max_reps=3 if quick else 20
@@ -129,6 +163,7 @@ COLUMNS = [
     ("B", "B", "{}"),
     ("budget", "budget", "{}"),
     ("K", "K", "{}"),
+    ("aten_ops", "aten ops", "{}"),
     ("heap_ref_cpu_us", "heap ref CPU µs", "{:.0f}"),
     ("batched_cpu_us", "batched CPU µs", "{:.0f}"),
     ("cuda_eager_us", "CUDA eager µs", "{:.1f}"),

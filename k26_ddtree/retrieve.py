@@ -9,6 +9,8 @@ the tree knows its depth cap (trees from build_ddtree do).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from k26_ddtree.tree import DDTree
@@ -25,18 +27,38 @@ def compile_ddtree_retrieve(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor, t
     batch, n = tree.parents.shape
     device = tree.parents.device
     retrieve_index = torch.arange(batch * n, device=device).view(batch, n)
-    node = torch.arange(n, device=device)
+    if not tree.best_first:
+        return (retrieve_index, *_links_by_score(tree))
 
+    # With siblings best-first by index, both links are "the first node after
+    # index t whose parent is p": first child (p = u, t = u) and next sibling
+    # (p = parents[c], t = c). One [2, B, N, N] compare answers both, and max
+    # over bools returns the first True index.
+    after, node, none = _link_constants(n, device)
+    wanted = torch.stack([node.expand(batch, n), tree.parents])
+    match = (tree.parents.view(1, batch, 1, n) == wanted.unsqueeze(3)) & after
+    found, first = match.max(dim=3)
+    links = torch.where(found, first, none)
+    return retrieve_index, links[0], links[1]
+
+
+@lru_cache(maxsize=64)
+def _link_constants(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([N, N] bool: column index > row index, [N] long 0..N-1, 0-dim long -1), made
+    once per size; a Python -1 in torch.where would cost a fill kernel per call."""
+    node = torch.arange(n, device=device)
+    return node.view(1, n) > node.view(n, 1), node, torch.tensor(-1, device=device)
+
+
+def _links_by_score(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next_token, next_sibling) of a hand-made tree, siblings sorted by node_logws."""
+    batch, n = tree.parents.shape
+    node = torch.arange(n, device=tree.parents.device)
     # place[b, i]: node i's rank in sibling order (descending score, ties by
     # index). Only relative order between siblings matters.
-    if tree.best_first:
-        place = node.expand(batch, n)
-    else:
-        by_score = torch.sort(0.0 - tree.node_logws.float(), dim=1, stable=True).indices
-        place = torch.empty_like(by_score).scatter_(1, by_score, node.expand(batch, n))
+    by_score = torch.sort(0.0 - tree.node_logws.float(), dim=1, stable=True).indices
+    place = torch.empty_like(by_score).scatter_(1, by_score, node.expand(batch, n))
 
-    # Dense [B, N, N] comparisons instead of sorts: N is small and a handful of
-    # elementwise kernels beats sorting inside a CUDA graph.
     later_place = place.unsqueeze(1).expand(batch, n, n)
     siblings_after = (tree.parents.unsqueeze(2) == tree.parents.unsqueeze(1)) & (later_place > place.unsqueeze(2))
     first_after = torch.where(siblings_after, later_place, n).min(dim=2)
@@ -45,7 +67,7 @@ def compile_ddtree_retrieve(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor, t
     children = tree.parents.unsqueeze(1) == node.view(1, n, 1)
     first_child = torch.where(children, later_place, n).min(dim=2)
     next_token = torch.where(first_child.values < n, first_child.indices, -1)
-    return retrieve_index, next_token, next_sibling
+    return next_token, next_sibling
 
 
 def tree_attention_mask(tree: DDTree) -> torch.Tensor:

@@ -15,12 +15,25 @@ appear in key order, which is the order the reference heap pops them.
 How the batched builder finds them without enumerating K^D prefixes: the
 members of the top set at depth d are the best ones of depth d, and every one
 of them extends a member of the top set at depth d - 1 (a prefix that beats
-the parent gives, with the same last rank, a child that beats the child). So
-each depth keeps only its best min(budget, K^d) prefixes, chosen among the
-children of the previous depth's survivors, and one final selection over all
-survivors picks the `budget` nodes. Each selection is a top-k over int64 keys
-that pack the exact float32 cost bits over the tie-breaking fields, so every
-key is unique and no stable sort or epsilon is needed.
+the parent gives, with the same last rank, a child that beats the child). A
+node at depth d brings its d - 1 ancestors along, so depth d holds at most
+budget - d + 1 tree nodes and depths beyond the budget hold none. Each depth
+keeps that many of its best prefixes, chosen among the children of the
+previous depth's survivors, and one final ranking over all survivors orders
+the tree.
+
+Every prefix is one int64 key whose high 32 bits are the float32 cost
+(= -score, >= +0.0, whose bit pattern grows with the value) and whose low 32
+bits are its path code: 1 for the root, parent_code * max(K, 2) + rank for a
+child. Codes grow with depth and, within a depth, with the rank path, so the
+keys are unique and order prefixes exactly by (cost, depth, rank path); a code
+also names its parent (code // max(K, 2)) and its rank (code % max(K, 2)), so
+survivors can sit in any slot order and no parent pointers are carried.
+Selection and the final order come from ranks, computed by counting smaller
+keys (one broadcast compare and one sum: a fixed, small number of kernels on a
+GPU) or, on the CPU where that quadratic count is slow, by a sort; both give
+the same ranks because keys are unique. The tree's parents are then found by
+matching codes among its N nodes.
 """
 
 from __future__ import annotations
@@ -31,16 +44,14 @@ from functools import lru_cache
 
 import torch
 
-# Key layout (int64): bit 63 set marks a spine node (the key turns negative and
-# sorts first), bits 31..61 hold the float32 cost (= -score, >= +0.0, whose bit
-# pattern grows with the value), bits 0..30 hold
-# ((depth - 1) * width + parent slot) * K + rank, which orders equal costs by
-# depth, then by rank path, and decodes to the parent's slot in the key table.
-_COST_SHIFT = 31
-_LOW_MASK = (1 << _COST_SHIFT) - 1
+# A key is read back as two 32-bit words (little-endian: word 0 is the low
+# half): the path code as int32, the cost as float32. Codes stay below 2^31.
+_CODE_LIMIT = 1 << 31
+# Rows of at most this many candidates skip the per-depth selection: ranking
+# them again in the final table is cheaper than the selection's kernels.
+_SMALL_ROW = 64
+# Added to the keys of the root and the spine nodes so they rank first.
 _SPINE_BIT = -(1 << 63)
-# Above every real key; a power of two, so F.pad's float fill value carries it exactly.
-_PAD_KEY = 1 << 62
 
 
 @dataclass
@@ -86,25 +97,114 @@ def max_budget(depth: int, topk: int) -> int:
 
 @dataclass(frozen=True)
 class _Plan:
-    survivors: tuple[int, ...]  # best prefixes kept at depth 1..D
-    width: int  # slots per depth in the merged key table (max survivors)
+    base: int  # code radix, max(K, 2) so that a child's code differs from its parent's
+    kept: tuple[int, ...]  # survivors per depth 1..min(D, budget); deeper depths hold no node
+    selects: tuple[bool, ...]  # whether a depth ranks its candidates to keep `kept` of them
+    offsets: tuple[int, ...]  # where each depth's survivors start in the final table (root at 0)
     spine_len: int
+
+    @property
+    def table_size(self) -> int:
+        return 1 + sum(self.kept)
 
 
 @lru_cache(maxsize=256)
 def _plan(depth: int, topk: int, budget: int, spine: bool) -> _Plan:
-    survivors = []
-    kept = 1
-    for _ in range(depth):
-        kept = min(budget, kept * topk)
-        survivors.append(kept)
-    width = max(survivors)
-    if depth * width * topk > 1 << _COST_SHIFT:
+    levels = min(depth, budget)
+    base = max(topk, 2)
+    if 2 * base**levels > _CODE_LIMIT:
         raise ValueError(
-            f"budget {budget} with topk {topk} and {depth} draft positions is too large for the"
-            " tie-breaking key (needs depth * budget * topk <= 2^31)"
+            f"topk {topk} with {levels} draft positions in the tree is too large for the tie-breaking key"
+            " (needs max(topk, 2)^min(D, budget) <= 2^30)"
         )
-    return _Plan(tuple(survivors), width, min(depth, budget) if spine else 0)
+    kept, selects, offsets = [], [], []
+    parents, offset = 1, 1
+    for d in range(1, levels + 1):
+        candidates = parents * topk
+        # Depth d holds at most budget - d + 1 tree nodes (each brings d - 1 ancestors).
+        # Selecting costs kernels, so small rows go on whole.
+        select = candidates > max(budget, _SMALL_ROW)
+        parents = budget - d + 1 if select else candidates
+        kept.append(parents)
+        selects.append(select)
+        offsets.append(offset)
+        offset += parents
+    return _Plan(base, tuple(kept), tuple(selects), tuple(offsets), min(depth, budget) if spine else 0)
+
+
+@dataclass(frozen=True)
+class _Constants:
+    root_key: torch.Tensor  # [1, 1] long: cost 0.0, code 1
+    child_rank: torch.Tensor  # [K] int32: 0..K-1, the code digit of each rank
+    spine_keys: torch.Tensor | None  # [T] long: _SPINE_BIT at the root and spine slots, else 0
+    node_info: torch.Tensor  # [2, T] long per table slot: depth; token column base
+    slots: torch.Tensor  # [T] long: 0..T-1
+    no_parent: torch.Tensor  # 0-dim long -1 (a Python -1 in torch.where costs a fill kernel)
+
+
+@lru_cache(maxsize=256)
+def _constants(depth: int, topk: int, budget: int, spine: bool, device: torch.device) -> _Constants:
+    """Device constants of one tree shape, made once (so CUDA graph capture after a
+    warm-up call finds them ready) and never written to."""
+    plan = _plan(depth, topk, budget, spine)
+    size = plan.table_size
+    depths = [0] + [d + 1 for d, n in enumerate(plan.kept) for _ in range(n)]
+    # Token of a node = row [root_token, top_tokens flattened][token_base + rank];
+    # the root's code 1 has rank 1 % base = 1, hence its base -1.
+    token_base = [-1] + [1 + (d - 1) * topk for d in depths[1:]]
+    spine_keys = None
+    if plan.spine_len:
+        # The rank-0 chain's prefix is the best of its depth, so it sits in slot 0
+        # of every depth's row: first of a selected (ascending) row, and of a whole
+        # row as the rank-0 child of its parent row's slot 0.
+        spine_keys = torch.zeros(size, dtype=torch.long)
+        spine_keys[[0, *plan.offsets[: plan.spine_len]]] = _SPINE_BIT
+        spine_keys = spine_keys.to(device)
+    return _Constants(
+        root_key=torch.ones(1, 1, dtype=torch.long, device=device),
+        child_rank=torch.arange(topk, dtype=torch.int32, device=device),
+        spine_keys=spine_keys,
+        node_info=torch.tensor([depths, token_base], dtype=torch.long, device=device),
+        slots=torch.arange(size, device=device),
+        no_parent=torch.tensor(-1, device=device),
+    )
+
+
+def _costs(keys: torch.Tensor) -> torch.Tensor:
+    """The float32 cost words of int64 keys, as a strided view."""
+    return keys.view(torch.float32)[..., 1::2]
+
+
+def _codes(keys: torch.Tensor) -> torch.Tensor:
+    """The int32 path-code words of int64 keys, as a strided view."""
+    return keys.view(torch.int32)[..., 0::2]
+
+
+def _counts(device: torch.device) -> bool:
+    """Rank by counting smaller keys (one broadcast compare, one sum: two kernels
+    whatever the data) rather than by sorting. Not on the CPU, where the
+    quadratic count is far slower than a sort or a top-k."""
+    return device.type != "cpu"
+
+
+def _ranks_by_count(keys: torch.Tensor) -> torch.Tensor:
+    return (keys.unsqueeze(1) < keys.unsqueeze(2)).sum(dim=2)
+
+
+def _ranks(keys: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """[B, M] long: each key's position in its row's ascending order (keys are unique)."""
+    if _counts(keys.device):
+        return _ranks_by_count(keys)
+    order = keys.argsort(dim=1)
+    return torch.empty_like(order).scatter_(1, order, slots[: keys.shape[1]].expand_as(order))
+
+
+def _smallest(keys: torch.Tensor, count: int) -> torch.Tensor:
+    """[B, count]: the `count` smallest of each row's unique keys, ascending (so the
+    best prefix, the rank-0 chain's, sits in slot 0)."""
+    if _counts(keys.device):
+        return torch.empty_like(keys).scatter_(1, _ranks_by_count(keys), keys)[:, :count]
+    return keys.topk(count, dim=1, largest=False).values
 
 
 def _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate: bool) -> int:
@@ -176,65 +276,49 @@ def build_ddtree(
     keeps the rank-0 chain down to depth min(D, budget) and fills the rest
     best-first. validate=False skips the value checks (their host sync) so the
     call can be captured in a CUDA graph; shapes, dtypes and budget are always
-    checked, since that costs nothing on the device.
+    checked, since that costs nothing on the device. The first call for a shape
+    and device copies a few constants to it, so make one before capturing.
     """
     budget = _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
     batch, depth, topk = top_tokens.shape
     plan = _plan(depth, topk, budget, spine)
-    width = plan.width
-    device = top_tokens.device
+    const = _constants(depth, topk, budget, spine, top_tokens.device)
+    # Subtracting a log-prob <= 0 from a cost >= +0.0 is the float32 sum the reference
+    # heap makes and never yields -0.0, so cost bit patterns stay monotone.
+    logprobs = top_logprobs.float()
 
-    # Costs are -score, non-negative; `0.0 - x` (not `-x`) turns -0.0 into +0.0 so
-    # the bit pattern stays monotone. Rounding is symmetric, so the costs are the
-    # exact negations of the scores the reference heap sums.
-    step_cost = 0.0 - top_logprobs.float()
-    lex = torch.arange(depth * width * topk, device=device).view(depth, width * topk)
+    survivors = const.root_key.expand(batch, 1)
+    levels = [survivors]
+    for d, (kept, select) in enumerate(zip(plan.kept, plan.selects)):
+        parents = survivors.shape[1]
+        candidates = torch.empty(batch, parents * topk, dtype=torch.long, device=top_tokens.device)
+        words = candidates.view(torch.int32).view(batch, parents, topk, 2)
+        torch.sub(_costs(survivors).unsqueeze(2), logprobs[:, d, None, :], out=words[..., 1].view(torch.float32))
+        torch.add(const.child_rank, _codes(survivors).unsqueeze(2), alpha=plan.base, out=words[..., 0])
+        survivors = _smallest(candidates, kept) if select else candidates
+        levels.append(survivors)
 
-    cost = torch.zeros(batch, 1, device=device)
-    # The key table: row 0 stands for depth 0 (the root, slot 0), row d holds
-    # depth d's survivors in `width` slots, so a key's low bits // K is its
-    # parent's flat slot. The last depth feeds no further depth: its candidates
-    # go into the table unselected, one row that runs past `width`.
-    level_keys = [torch.full((batch, width), _PAD_KEY, dtype=torch.long, device=device)]
-    for d in range(depth):
-        cand_cost = (cost.unsqueeze(2) + step_cost[:, d, None, :]).flatten(1)
-        n_cand = cand_cost.shape[1]
-        key = torch.add(lex[d, :n_cand], cand_cost.view(torch.int32), alpha=1 << _COST_SHIFT)
-        keep = plan.survivors[d]
-        if d < depth - 1 and keep < n_cand:
-            # Survivors go back to rank-path order, so the next depth's candidate
-            # index (slot * K + rank) keeps ordering ties by rank path.
-            chosen = key.topk(keep, dim=1, largest=False, sorted=False).indices.sort(dim=1).values
-            key = key.gather(1, chosen)
-            cand_cost = cand_cost.gather(1, chosen)
-        if key.shape[1] < width:
-            key = torch.nn.functional.pad(key, (0, width - key.shape[1]), value=_PAD_KEY)
-        level_keys.append(key)
-        cost = cand_cost
+    table = torch.cat(levels, dim=1)
+    n = budget + 1
+    ranks = _ranks(table if const.spine_keys is None else table + const.spine_keys, const.slots)
+    keys = torch.empty_like(table).scatter_(1, ranks, table)[:, :n]
+    size = table.shape[1]
+    info = torch.empty(2, batch, size, dtype=torch.long, device=table.device).scatter_(
+        2, ranks.expand(2, batch, size), const.node_info.unsqueeze(1).expand(2, batch, size)
+    )[:, :, :n]
 
-    keys = torch.cat(level_keys, dim=1)
-    if plan.spine_len:
-        # Slot 0 of every depth is the rank-0 chain: it is the best and the
-        # rank-path-smallest prefix of its depth, so it always survives there.
-        keys[:, width : (plan.spine_len + 1) * width : width] |= _SPINE_BIT
-    picked = keys.topk(budget, dim=1, largest=False, sorted=True)
-    key = picked.values
-
-    low = key & _LOW_MASK
-    node_depths = (picked.indices // width).clamp(max=depth)
-    node_of_slot = torch.zeros_like(keys)
-    node_of_slot.scatter_(1, picked.indices, torch.arange(1, budget + 1, device=device).expand(batch, budget))
-    parents = node_of_slot.gather(1, low // topk)
-    token_index = torch.add(low % topk, node_depths - 1, alpha=topk)
-    tokens = top_tokens.reshape(batch, depth * topk).gather(1, token_index)
-    # Bits 31..62 of the key, truncated to 32 bits: the cost's float32 pattern.
-    costs = (key >> _COST_SHIFT).int().view(torch.float32)
+    codes = _codes(keys)
+    parent_codes = codes // plan.base
+    token_index = info[1] + codes % plan.base
+    tokens = torch.cat([root_tokens.unsqueeze(1), top_tokens.reshape(batch, depth * topk)], dim=1).gather(1, token_index)
+    # The root's parent code 0 names no node; every other node's names exactly one.
+    found, parents = (parent_codes.unsqueeze(2) == codes.unsqueeze(1)).max(dim=2)
 
     return DDTree(
-        tokens=torch.cat([root_tokens.unsqueeze(1), tokens], dim=1),
-        parents=torch.nn.functional.pad(parents, (1, 0), value=-1),
-        depths=torch.nn.functional.pad(node_depths, (1, 0), value=0),
-        node_logws=torch.nn.functional.pad(0.0 - costs, (1, 0), value=0.0),
+        tokens=tokens,
+        parents=torch.where(found, parents, const.no_parent),
+        depths=info[0],
+        node_logws=0.0 - _costs(keys),
         max_depth=depth,
         best_first=True,
     )

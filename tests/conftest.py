@@ -1,5 +1,11 @@
 """Fixtures shared across test areas: the pinned SGLang wheel and its pristine sources.
 
+On a machine without GPU builds of sgl_kernel and torchvision, their stubs
+(tests/sglang_cpu/stubs) go on sys.path before any test runs: transformers
+decides once, and caches, whether torchvision exists, so the stub must be
+visible before the first test imports transformers, or sglang's config modules
+(imported later by the sglang_cpu tests) find transformers half-initialised.
+
 The wheel is downloaded once per test run into $K26_WHEEL_CACHE (tests/run.sh
 makes one per run; without it, .cache/wheels in the checkout) and checked
 against the SHA256 in patches/sglang-0.5.11/pins.json.
@@ -7,12 +13,21 @@ against the SHA256 in patches/sglang-0.5.11/pins.json.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from k26_ddtree.patchset.wheel import shipped_wheel as pinned_wheel
+
+STUBS = Path(__file__).resolve().parent / "sglang_cpu" / "stubs"
+
+
+def pytest_configure(config) -> None:
+    if importlib.util.find_spec("torchvision") is None or importlib.util.find_spec("sgl_kernel") is None:
+        sys.path.insert(0, str(STUBS))
 
 
 @pytest.fixture(scope="session")

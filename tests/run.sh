@@ -11,6 +11,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || exit 1
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null || exit 1
+# Any torch >= 2.4 runs the CPU suite; a venv that has one (a GPU box's 2.11) keeps it. A new venv
+# gets 2.13.0, which the CI machines carry as a local CPU wheel (the newest release the index
+# offers is a multi-GB CUDA build).
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  echo "tests/run.sh: installing torch 2.13.0 into .venv"
+  .venv/bin/python -m pip install -q torch==2.13.0 || exit 1
+fi
 echo "tests/run.sh: installing the toolkit and test requirements into .venv"
 .venv/bin/python -m pip install -q -r env/requirements-test.txt -r env/requirements-sglang-cpu.txt || exit 1
 .venv/bin/python -m pip install -q -e '.[test]' || exit 1

@@ -62,6 +62,20 @@ def test_builder_matches_heap_on_random_configurations():
         assert_same_tree(build_ddtree(*args, budget, spine=spine), heap_ddtree(*args, budget, spine=spine))
 
 
+@pytest.mark.parametrize("depth,topk", [(7, 1), (7, 2), (3, 4), (7, 4), (7, 8), (5, 3)])
+@pytest.mark.parametrize("spine", [False, True])
+def test_counting_ranks_match_the_heap_reference(monkeypatch, depth, topk, spine):
+    """The GPU ranks by counting, the CPU by sorting: run the counting path here too."""
+    from k26_ddtree import tree as tree_module
+
+    monkeypatch.setattr(tree_module, "_counts", lambda device: True)
+    gen = torch.Generator().manual_seed(depth * 7 + topk + spine)
+    for budget in budgets_for(depth, topk):
+        for tie_step in (0.0, 0.5):
+            args = draft_inputs(gen, 3, depth, topk, tie_step=tie_step)
+            assert_same_tree(build_ddtree(*args, budget, spine=spine), heap_ddtree(*args, budget, spine=spine))
+
+
 def test_all_ties_prefer_shallow_then_small_ranks():
     # Every log-prob 0: all prefixes tie, so the order is by depth, then rank path.
     roots = torch.tensor([5])

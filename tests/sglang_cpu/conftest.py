@@ -3,8 +3,8 @@
 `patched_sglang` copies the pristine pinned sglang (tests/conftest.py), patches
 it with `k26-deploy apply`'s own code using a patch set regenerated from the
 current full/ files (so a full/ file edited since the last regen is still what
-gets tested), and puts it, plus the stubs for sgl_kernel and torchvision, at
-the front of sys.path. Tests import sglang modules inside the test body, after
+gets tested), and puts it at the front of sys.path (the stubs for sgl_kernel and torchvision are
+there from the session's start: tests/conftest.py). Tests import sglang modules inside the test body, after
 requesting the fixture.
 """
 
@@ -22,7 +22,6 @@ from k26_ddtree.patchset.wheel import shipped_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches" / "sglang-0.5.11"
-STUBS = Path(__file__).resolve().parent / "stubs"
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +38,6 @@ def patched_sglang(pristine_sglang, tmp_path_factory) -> Path:
         if (patch_set / SERIES_FILE).read_text().strip():  # empty while every full/ file is still pristine
             apply.apply(site, patch_set, out=lambda line: None)
             importable.undo(site)  # the tests import the checkout's k26_ddtree, not a copy beside sglang
-    for path in (str(STUBS), str(site)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    if str(site) not in sys.path:
+        sys.path.insert(0, str(site))
     return site
