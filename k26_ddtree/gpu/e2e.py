@@ -69,11 +69,15 @@ class Server:
 
 # --- http ----------------------------------------------------------------------------------------
 
-def post_json(url: str, payload: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+def post(url: str, payload: dict, timeout: float = REQUEST_TIMEOUT_S) -> bytes:
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     with _OPENER.open(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
+        return resp.read()
+
+
+def post_json(url: str, payload: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+    return json.loads(post(url, payload, timeout))
 
 
 def get_json(url: str, timeout: float = 30) -> dict | None:
@@ -642,7 +646,8 @@ def profile_server(servers: list[Server], name: str, prompts, new_tokens: int, a
     trace_dir.mkdir(parents=True, exist_ok=True)
     with GPU_TURN:
         try:
-            post_json(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": PROFILE_STEPS,
+            # /start_profile answers with plain text, not JSON.
+            post(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": PROFILE_STEPS,
                                                       "activities": ["CPU", "GPU"]}, timeout=60)
             post_json(server.url + "/generate", {"input_ids": prompts[0], "sampling_params": {
                 "max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}}, timeout=120)

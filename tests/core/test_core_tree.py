@@ -68,7 +68,7 @@ def test_counting_ranks_match_the_heap_reference(monkeypatch, depth, topk, spine
     """The GPU ranks by counting, the CPU by sorting: run the counting path here too."""
     from k26_ddtree import tree as tree_module
 
-    monkeypatch.setattr(tree_module, "_counts", lambda device: True)
+    monkeypatch.setattr(tree_module, "_counts", lambda keys: True)
     gen = torch.Generator().manual_seed(depth * 7 + topk + spine)
     for budget in budgets_for(depth, topk):
         for tie_step in (0.0, 0.5):
