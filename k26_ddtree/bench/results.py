@@ -75,10 +75,21 @@ def scrub_secrets(value):
     return value
 
 
-def run_label(server_info: dict, budget, topk) -> str:
-    """Default label: AR, DFLASH or DDTREE b<budget> k<topk>, from the server's own args."""
+def algorithm_of(server_info: dict) -> str:
+    """AR, DFLASH or DDTREE. The patched server runs DDTree as a DFLASH mode (it reports
+    speculative_algorithm DFLASH), so a DDTree budget in its args is what tells them apart."""
     algorithm = str(server_info.get("speculative_algorithm") or "").upper()
     if not algorithm or algorithm == "NONE":
+        return "AR"
+    if server_info.get("speculative_ddtree_budget") is not None:
+        return "DDTREE"
+    return algorithm
+
+
+def run_label(server_info: dict, budget, topk) -> str:
+    """Default label: AR, DFLASH or DDTREE b<budget> k<topk>, from the server's own args."""
+    algorithm = algorithm_of(server_info)
+    if algorithm == "AR":
         return "AR"
     if budget is not None:
         return f"{algorithm} b{budget}" + (f" k{topk}" if topk is not None else "")

@@ -11,7 +11,7 @@ from k26_ddtree.bench.coding_eval import EvalSettings, run_coding_eval
 from k26_ddtree.bench.harness import MatrixSettings, run_matrix
 from k26_ddtree.bench.progress import Progress
 from k26_ddtree.bench.prompts import PromptFactory, PromptSource
-from k26_ddtree.bench.results import RunWriter, git_sha, new_run_id, run_label, scrub_secrets, utc_now
+from k26_ddtree.bench.results import RunWriter, algorithm_of, git_sha, new_run_id, run_label, scrub_secrets, utc_now
 from k26_ddtree.errors import UserError
 
 
@@ -50,7 +50,7 @@ def _new_run(options: RunOptions, server_info: dict) -> dict:
         "failure": None,
         "server_url": options.url,
         "profile": options.profile,
-        "algorithm": server_info.get("speculative_algorithm") or "AR",
+        "algorithm": algorithm_of(server_info),
         "budget": budget,
         "topk": topk,
         "git_sha": git_sha(),

@@ -81,3 +81,13 @@ def test_sweep_default_command_uses_this_interpreter():
 
     argv = SweepPlan((8,), (4,), DEFAULT_RECONFIGURE, 10).command(8, 4)
     assert argv == [sys.executable, "-m", "k26_ddtree", "reconfigure", "--budget", "8", "--topk", "4"]
+
+
+def test_a_ddtree_server_is_labelled_ddtree_though_it_reports_dflash():
+    from k26_ddtree.bench.results import algorithm_of, run_label
+
+    info = {"speculative_algorithm": "DFLASH", "speculative_ddtree_budget": 8, "speculative_ddtree_topk": 4}
+    assert algorithm_of(info) == "DDTREE"
+    assert run_label(info, 8, 4) == "DDTREE b8 k4"
+    assert algorithm_of({"speculative_algorithm": "DFLASH"}) == "DFLASH"
+    assert algorithm_of({"speculative_algorithm": None}) == "AR"
