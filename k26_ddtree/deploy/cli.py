@@ -63,8 +63,8 @@ def register(sub) -> None:
         "/health_generate and a one-request smoke generate. On failure or timeout restore last-good, "
         "restart it, wait for it, and exit 1.",
     )
-    p.add_argument("--budget", type=_at_least_one, help="DDTree node budget (1 <= budget <= sum of topk^d, d < block)")
-    p.add_argument("--topk", type=_at_least_one, help="DDTree children per node (>= 1)")
+    p.add_argument("--budget", type=int, help="DDTree node budget (1 <= budget <= sum of topk^d, d < block)")
+    p.add_argument("--topk", type=int, help="DDTree children per node (>= 1)")
     p.add_argument("--profile", help="start from this profile instead of the installed unit's")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile key")
     p.add_argument("--allow-missing-model", action="store_true", help="skip the model/drafter directory check")
@@ -183,23 +183,16 @@ def _install(args) -> int:
                    state_dir(args.state_dir), _say)
 
 
-def _at_least_one(text: str) -> int:
-    """argparse type: a whole number >= 1, checked before anything touches systemd."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _reconfigure(args) -> int:
     from k26_ddtree.deploy.profiles import load_profile, with_sets
     from k26_ddtree.deploy.service import check_model_dirs, installed_unit, reconfigure, state_dir
     from k26_ddtree.deploy.units import profile_from_unit
     from k26_ddtree.errors import UserError
 
+    # Range errors first: the installed unit (and so systemd) is only read after them.
+    for key, value in (("budget", args.budget), ("topk", args.topk)):
+        if value is not None and value < 1:
+            raise UserError(f"speculative.{key} must be >= 1, got {value}")
     sets = list(args.set)
     if args.budget is not None:
         sets.append(f"speculative.budget={args.budget}")

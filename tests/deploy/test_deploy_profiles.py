@@ -133,13 +133,9 @@ def test_every_subcommand_reports_profile_mistakes_the_same_way(tmp_path):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--budget", "0"], "argument --budget: must be >= 1, got 0"),
-        (["--topk", "-1"], "argument --topk: must be >= 1, got -1"),
-        (["--budget", "many"], "argument --budget: 'many' is not a whole number"),
+        (["--budget", "0"], "speculative.budget must be >= 1, got 0"),
+        (["--topk", "-1"], "speculative.topk must be >= 1, got -1"),
     ],
 )
 def test_reconfigure_rejects_a_bad_budget_before_touching_systemd(args, expected):
-    result = k26("reconfigure", *args, "--dry-run")
-    assert result.returncode == 2
-    assert expected in result.stderr
-    assert "Traceback" not in result.stderr
+    assert expected in one_line_error(k26("reconfigure", *args, "--dry-run"))
