@@ -57,8 +57,8 @@ def register(sub) -> None:
         "verify-model", help="check a model directory against its SHA256SUMS (offline)",
         description="Hash every file listed in DIR/SHA256SUMS and compare (offline; also for a "
                     "directory copied from elsewhere). Exit 1 naming the files that are missing "
-                    "or differ. On success the directory's stamp is recorded, so apply/render "
-                    "accept it.")
+                    "or differ. On success the directory's stamp is recorded, so render, install and "
+                    "reconfigure accept it.")
     verify.add_argument("dir", type=Path, metavar="DIR", help="the model directory")
     verify.set_defaults(func=verify_model)
 

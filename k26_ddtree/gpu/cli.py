@@ -27,7 +27,8 @@ def register(sub) -> None:
     p = sub.add_parser("bundle", help="build or install the offline site archive (sglang + kernels + deps)",
                        description=BUNDLE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--python", default="3.12", help="target MAJOR.MINOR (default 3.12)")
-    p.add_argument("--sm", default="90", help="target compute capability without the dot: 90 (H100/H200) or 100")
+    p.add_argument("--sm", default="90", help="target compute capability without the dot: 90 (H100/H200) or 100 "
+                   "(every other GPU, e.g. B300 sm_103 and RTX PRO 6000 sm_120: sglang-kernel loads its sm100 build)")
     p.add_argument("--have", action="append", default=[], metavar="NAME==VER",
                    help="a package the target already has (repeatable); exact version matches stay out")
     p.add_argument("--have-file", type=Path, help="`pip freeze` of the target, same meaning as --have")

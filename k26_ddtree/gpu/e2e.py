@@ -671,7 +671,8 @@ def profile_server(servers: list[Server], name: str, prompts, new_tokens: int, a
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e2e.py", description=__doc__.split("\n")[0])
     parser.add_argument("--matrix", type=Path, required=True, help="tests/gpu/matrix.json")
-    parser.add_argument("--run", required=True, help="which run of the matrix (1, 2, 3 or validate)")
+    parser.add_argument("--run", required=True,
+                        help="which run of the matrix (1, 2, 3, 23, validate, final or profile)")
     parser.add_argument("--site", type=Path, required=True, help="installed offline bundle (PYTHONPATH folder)")
     parser.add_argument("--models", type=Path, required=True, help="folder with target/, drafter/, prompts.json")
     parser.add_argument("--out", type=Path, required=True, help="where e2e-runN.json/.md and the logs tarball go")

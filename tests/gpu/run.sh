@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One proving-ground run on a GPU box with no network: bash tests/gpu/run.sh RUN
-#   RUN: 1, 2, 3 (the matrix runs in tests/gpu/matrix.json) or validate (AR + DFLASH only).
+#   RUN: a run in tests/gpu/matrix.json: 1, 2, 3 (23: runs 2 and 3 at once), final, profile,
+#   or validate (AR + DFLASH only).
 # Reads .gpu/ (carried): k26-site-py3.12-sm90.tar.xz (required); model.tar, jit-cache.tar.xz and
 # oracle.json (optional: without model.tar the model pair is trained here and written to $OUT/model.tar;
 # without oracle.json the -oracle servers start after this run's AR reference).
