@@ -25,9 +25,11 @@ def read_api_key(api_key_file: str | None) -> str | None:
     if api_key_file:
         path = Path(api_key_file)
         try:
-            key = path.read_text().strip()
+            key = path.read_text(encoding="utf-8").strip()
         except OSError as err:
             raise UserError(f"cannot read --api-key-file {path}: {err.strerror}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"--api-key-file {path} is not text (not UTF-8)") from None
         if not key:
             raise UserError(f"--api-key-file {path} is empty")
         return key

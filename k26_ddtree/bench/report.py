@@ -189,7 +189,10 @@ def render_report(runs: list[dict], out_dir: Path) -> list[Path]:
 
     if not runs:
         raise UserError("the results files hold no runs")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create the report folder {out_dir}: {err.strerror}") from None
     plots = write_plots(runs, run_names(runs), out_dir) if any(r["cells"] for r in runs) else []
     report = out_dir / "report.md"
     write_text_atomic(report, render_markdown(runs, plots))

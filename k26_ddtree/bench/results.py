@@ -21,6 +21,9 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.resources import source_root
 
 SCHEMA = "k26-ddtree-bench/1"
+RUN_KEYS = ("run_id", "label", "status", "started_at", "cells")
+CELL_KEYS = ("context", "concurrency", "has_errors", "output_tok_s", "request_tok_s", "accept_length",
+             "server_avg_spec_accept_length")
 _SECRET_KEY = re.compile(r"(api[-_]?key|password|secret|(^|[-_])token$)", re.IGNORECASE)
 
 
@@ -99,20 +102,45 @@ def run_label(server_info: dict, budget, topk) -> str:
 def load_results(path: Path) -> dict:
     """Parse a results file; a clear error for anything that is not one."""
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not JSON (not UTF-8 text)") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA or not isinstance(document.get("runs"), list):
         raise UserError(f"{path} is not a k26-deploy bench results file (schema {SCHEMA})")
+    for number, run in enumerate(document["runs"], 1):
+        problem = _run_problem(run)
+        if problem:
+            raise UserError(f"{path}: run {number} {problem}: not written by k26-deploy bench (schema {SCHEMA})")
     return document
+
+
+def _run_problem(run) -> str | None:
+    """What keeps `run` from being read as a run (the keys every reader relies on), or None."""
+    if not isinstance(run, dict):
+        return "is not an object"
+    missing = [key for key in RUN_KEYS if key not in run]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if not isinstance(run["cells"], list) or not all(isinstance(c, dict) for c in run["cells"]):
+        return "has cells that are not a list of objects"
+    for cell in run["cells"]:
+        missing = [key for key in CELL_KEYS if key not in cell]
+        if missing:
+            return f"has a cell that lacks {', '.join(missing)}"
+    return None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same folder, then os.replace: never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror}") from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)

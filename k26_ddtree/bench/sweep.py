@@ -26,7 +26,10 @@ class SweepPlan:
             text = self.reconfigure_cmd.format(python=shlex.quote(sys.executable), budget=budget, topk=topk)
         except (KeyError, IndexError, ValueError) as err:
             raise UserError(f"--reconfigure-cmd: bad template ({err}); use {{python}}, {{budget}}, {{topk}}") from None
-        return shlex.split(text)
+        try:
+            return shlex.split(text)
+        except ValueError as err:
+            raise UserError(f"--reconfigure-cmd: cannot split {text!r} into words ({err})") from None
 
 
 def _stderr_fd() -> int | None:

@@ -36,11 +36,15 @@ def load_tasks(path: Path | None = None, only: list[str] | None = None) -> list[
     """Parse and check the task file; `only` keeps the named task ids."""
     path = path or default_tasks_path()
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise UserError(f"cannot read tasks file {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"tasks file {path} is not valid YAML (not UTF-8 text)") from None
     except yaml.YAMLError as err:
-        raise UserError(f"tasks file {path} is not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"tasks file {path}{where} is not valid YAML: {getattr(err, 'problem', None) or err}") from None
     if not isinstance(raw, list) or not raw:
         raise UserError(f"tasks file {path} must be a non-empty list of tasks")
     tasks = []

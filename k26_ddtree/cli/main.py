@@ -28,11 +28,12 @@ PROG = "k26-deploy"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one line for usage errors (its default, kept explicit)."""
+    """argparse that exits 2 with one line for usage errors, in the same form as a UserError."""
 
     def error(self, message: str) -> None:  # noqa: D401
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        command = self.prog.removeprefix(PROG).strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"{PROG}: error: {where}{message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

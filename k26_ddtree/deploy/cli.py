@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
+
+from k26_ddtree.errors import UserError
 
 UNIT_HELP = "systemd unit name (default: k26-ddtree)"
 
@@ -121,6 +124,12 @@ def _state_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="where the last-good unit is kept (default $K26_STATE_DIR or /var/lib/k26-ddtree)")
 
 
+def _check_seconds(flag: str, value: float) -> None:
+    # Every wait is bounded: nan would never expire, a negative bound is a typo.
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"{flag} must be a finite number of seconds >= 0, got {value}")
+
+
 def _say(message: str) -> None:
     print(f"k26-deploy: {message}", flush=True)
 
@@ -128,7 +137,6 @@ def _say(message: str) -> None:
 def _detect(args) -> int:
     from k26_ddtree.deploy.detect import detect
     from k26_ddtree.deploy.profiles import load_profile, shipped_names
-    from k26_ddtree.errors import UserError
 
     found = detect()
     if args.json:
@@ -160,6 +168,10 @@ def _render(args) -> int:
     from k26_ddtree.deploy.service import check_model_dirs
     from k26_ddtree.deploy.units import ROUTER_UNIT, SERVICE_UNIT, render_router, render_service, require_clean
 
+    from k26_ddtree.deploy.systemd import unit_file_name
+
+    if args.unit is not None:
+        unit_file_name(args.unit)
     profile = load_profile(args.profile, args.set)
     if args.router:
         unit = args.unit or ROUTER_UNIT
@@ -175,7 +187,13 @@ def _render(args) -> int:
 def _install(args) -> int:
     from k26_ddtree.deploy.profiles import load_profile
     from k26_ddtree.deploy.service import check_model_dirs, install, state_dir
+    from k26_ddtree.deploy.systemd import unit_file_name
 
+    unit_file_name(args.unit)
+    if args.root and (args.start or args.enable):
+        raise UserError("--start and --enable act on this machine's systemd; with --root they would do nothing")
+    if not Path(args.unit_dir).is_absolute():
+        raise UserError(f"--unit-dir must be an absolute path (it is also where systemd looks), got {args.unit_dir!r}")
     profile = load_profile(args.profile, args.set)
     check_model_dirs(profile, args.allow_missing_model)
     root = Path(args.root).resolve() if args.root else None
@@ -187,7 +205,6 @@ def _reconfigure(args) -> int:
     from k26_ddtree.deploy.profiles import load_profile, with_sets
     from k26_ddtree.deploy.service import check_model_dirs, installed_unit, reconfigure, state_dir
     from k26_ddtree.deploy.units import profile_from_unit
-    from k26_ddtree.errors import UserError
 
     # Range errors first: the installed unit (and so systemd) is only read after them.
     for key, value in (("budget", args.budget), ("topk", args.topk)):
@@ -221,6 +238,10 @@ def _status(args) -> int:
 def _wait_ready(args) -> int:
     from k26_ddtree.deploy import readiness, systemd
 
+    _check_seconds("--timeout", args.timeout)
+    readiness.check_url(args.url)
+    if args.pid is not None and args.pid < 1:
+        raise UserError(f"--pid must be a process id >= 1, got {args.pid}")
     # Inside ExecStartPost systemd names the process it just started in $MAINPID: never a stale one.
     env_pid = os.environ.get("MAINPID", "")
     fixed = args.pid if args.pid is not None else (int(env_pid) if env_pid.isdigit() else None)
@@ -238,6 +259,9 @@ def _wait_ready(args) -> int:
 def _wait_gpu_free(args) -> int:
     from k26_ddtree.deploy.nvidia import wait_memory_released
 
+    _check_seconds("--timeout", args.timeout)
+    if args.max_used_mib < 0:
+        raise UserError(f"--max-used-mib must be 0 or more, got {args.max_used_mib}")
     free, detail = wait_memory_released(args.max_used_mib, args.timeout, _say)
     if free:
         _say(detail)

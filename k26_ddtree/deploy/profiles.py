@@ -297,6 +297,8 @@ def _read_yaml(path: Path) -> dict:
         raise UserError(f"profile {path}{where}: {problem}") from None
     except OSError as err:
         raise UserError(f"profile {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"profile {path}: not a YAML text file (not UTF-8)") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

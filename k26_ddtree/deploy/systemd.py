@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -9,9 +10,13 @@ from pathlib import Path
 from k26_ddtree.errors import UserError
 
 SYSTEMCTL_TIMEOUT_SEC = 120
+# systemd's own rule for unit names; anything else (a '/', a space) would also name a path outside the unit dir.
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,248}")
 
 
 def unit_file_name(unit: str) -> str:
+    if not _UNIT_NAME.fullmatch(unit) or unit.startswith("."):
+        raise UserError(f"--unit {unit!r} is not a systemd unit name (letters, digits and : _ . \\ @ - only)")
     return unit if unit.endswith(".service") else f"{unit}.service"
 
 

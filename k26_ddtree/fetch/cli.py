@@ -79,7 +79,7 @@ def _check_split_size(text: str) -> None:
 def fetch_model(args) -> int:
     from k26_ddtree.fetch.aria2 import Aria2Settings, find_aria2c
     from k26_ddtree.fetch.fetcher import RepoFetch
-    from k26_ddtree.fetch.hub import check_repo_id, default_endpoint, fetch_snapshot
+    from k26_ddtree.fetch.hub import check_endpoint, check_repo_id, default_endpoint, fetch_snapshot
     from k26_ddtree.fetch.progress import Reporter
     from k26_ddtree.fetch.token import load_token
 
@@ -96,9 +96,12 @@ def fetch_model(args) -> int:
         targets.append((args.drafter, args.drafter_revision, drafter_dest))
     elif args.drafter_dest:
         raise UserError("--drafter-dest needs --drafter")
+    for _repo, _revision, dest in targets:
+        if dest.exists() and not dest.is_dir():
+            raise UserError(f"{dest} exists and is not a directory (--dest and --drafter-dest name directories)")
+    endpoint = check_endpoint(args.endpoint or default_endpoint()).rstrip("/")
     find_aria2c()
     token = load_token(args.token_file)
-    endpoint = (args.endpoint or default_endpoint()).rstrip("/")
     settings = Aria2Settings(connections=args.connections, parallel_files=args.parallel_files,
                              min_split_size=args.min_split_size)
     reporter = Reporter()

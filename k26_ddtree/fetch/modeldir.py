@@ -49,6 +49,10 @@ def read_sums(model_dir: Path) -> list[tuple[str, str]]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path} does not exist: this directory has no recorded hashes") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not a `sha256sum` file (not UTF-8 text)") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from None
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -145,7 +149,8 @@ def verify_model(model_dir: Path, reporter: Reporter, workers: int = 4) -> None:
     files that are missing or differ. On success the stamp is (re)written, so a directory
     received by other means is accepted by apply/render afterwards."""
     if not model_dir.is_dir():
-        raise UserError(f"model directory {model_dir} does not exist")
+        problem = "is not a directory" if model_dir.exists() else "does not exist"
+        raise UserError(f"model directory {model_dir} {problem}")
     entries = read_sums(model_dir)
     expected = dict((rel, sha) for sha, rel in entries)
     present, bad = [], []

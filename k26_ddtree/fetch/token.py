@@ -42,7 +42,11 @@ def load_token(token_file: Path | None) -> str | None:
     if mode & 0o077:
         raise UserError(f"token file {path} is accessible by group or others "
                         f"(mode {stat.S_IMODE(mode):04o}): run `chmod 600 {path}`")
-    return _checked(path.read_text(encoding="utf-8").strip(), str(path)) or None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"token file {path} is not text (not UTF-8)") from None
+    return _checked(text.strip(), str(path)) or None
 
 
 def _checked(token: str, origin: str) -> str:

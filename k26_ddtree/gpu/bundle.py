@@ -109,8 +109,12 @@ def read_have_file(path: Path) -> list[str]:
     """Pins from `pip freeze` output; editable and URL lines carry no usable version and are skipped."""
     if not path.is_file():
         raise UserError(f"--have-file {path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"--have-file {path}: not a `pip freeze` text file (not UTF-8)") from None
     pins = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if not line or line.startswith("-") or " @ " in line:
             continue
@@ -358,15 +362,24 @@ def install(archive: Path, target: Path) -> Path:
             raise UserError(f"{archive}: archive SHA256 differs from {side_sum.name}; nothing installed", code=1)
     if target.exists():
         raise UserError(f"{target} already exists; choose a new folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create {target}: {err.strerror} ({target.parent})") from None
     with tempfile.TemporaryDirectory(prefix=".k26-install-", dir=target.parent) as tmp:
         stage = Path(tmp)
-        with tarfile.open(archive, "r:*") as tar:
+        try:
+            tar = tarfile.open(archive, "r:*")
+        except tarfile.TarError:
+            raise UserError(f"{archive} is not a bundle archive (not a tar file); nothing installed") from None
+        with tar:
             for member in tar.getmembers():
                 if not member.name.startswith(f"{TOP}/") or ".." in Path(member.name).parts:
                     raise UserError(f"{archive}: unexpected member {member.name!r}; nothing installed", code=1)
             tar.extractall(stage, filter="data")
         root = stage / TOP
+        if not (root / "SHA256SUMS").is_file():
+            raise UserError(f"{archive}: no {TOP}/SHA256SUMS inside; nothing installed", code=1)
         listed = {}
         for line in (root / "SHA256SUMS").read_text().splitlines():
             digest, rel = line.split("  ", 1)

@@ -56,6 +56,13 @@ def _bundle(args) -> int:
         target = bundle.install(args.install, args.target)
         print(f"installed; use: export PYTHONPATH={target}")
         return 0
+    if args.target:
+        raise UserError("--target only applies with --install ARCHIVE")
+    if not args.max_mib > 0:
+        raise UserError(f"--max-mib must be more than 0, got {args.max_mib}")
+    for pin in args.have:
+        if "==" not in pin:
+            raise UserError(f"--have {pin!r}: give NAME==VERSION, e.g. --have torch==2.11.0")
     have = list(args.have)
     if args.have_file:
         have += bundle.read_have_file(args.have_file)

@@ -33,6 +33,7 @@ def _manifest(args: argparse.Namespace) -> int:
 
     root = (args.root or _default_root()).absolute()
     out = (args.out or root / manifest.MANIFEST_NAME).absolute()
+    manifest.check_out(out)  # before --model-dir copies anything into the root
     for model_dir in args.model_dir:
         for rel in manifest.copy_model_metadata(root, model_dir):
             print(f"manifest: copied drafter metadata to {rel}")

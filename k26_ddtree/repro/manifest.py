@@ -119,8 +119,11 @@ def write(root: Path, out: Path, say=print) -> int:
     if not files:
         raise UserError(f"nothing to record under {root}: none of {', '.join(COVERED_DIRS + COVERED_FILES)} exist")
     text = render(root, files, say)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    check_out(out)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    except OSError as err:
+        raise UserError(f"cannot write {out}: {err.strerror}") from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -130,6 +133,16 @@ def write(root: Path, out: Path, say=print) -> int:
         Path(tmp).unlink(missing_ok=True)
         raise
     return len(files)
+
+
+def check_out(out: Path) -> None:
+    """UserError unless `out` can become the manifest file (its folder is created)."""
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give the manifest's file path")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot write {out}: {err.strerror} ({out.parent})") from None
 
 
 def _relative_to(path: Path, root: Path) -> str | None:
@@ -144,12 +157,20 @@ def parse(manifest: Path) -> dict[str, str]:
     if not manifest.is_file():
         raise UserError(f"{manifest} not found; write it with `k26-deploy manifest`")
     entries: dict[str, str] = {}
-    for number, line in enumerate(manifest.read_text().splitlines(), 1):
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{manifest} is not a sha256sum file (not UTF-8 text)") from None
+    except OSError as err:
+        raise UserError(f"cannot read {manifest}: {err.strerror}") from None
+    for number, line in enumerate(text.splitlines(), 1):
         digest, sep, rel = line.partition("  ")
         if not sep:
             digest, sep, rel = line.partition(" *")  # sha256sum's binary-mode marker
         if not sep or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()) or not rel:
             raise UserError(f"{manifest}:{number}: not a sha256sum line: {line[:80]!r}")
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise UserError(f"{manifest}:{number}: {rel!r} is not a path inside the root")
         if rel in entries:
             raise UserError(f"{manifest}:{number}: {rel} listed twice")
         entries[rel] = digest.lower()

@@ -150,6 +150,8 @@ def _venv_python(venv: Path) -> Path:
 
 def probe(args: argparse.Namespace, source_root: Path) -> Facts:
     venv = (args.venv or source_root / ".venv").absolute()
+    if venv.exists() and not venv.is_dir():
+        raise UserError(f"--venv {venv} exists and is not a directory")
     python = args.python or sys.executable
     venv_exists = _venv_python(venv).exists()
     info = _probe_python(str(_venv_python(venv)) if venv_exists else python)

@@ -167,8 +167,11 @@ def write(items: list[Item], out: Path, now: dt.datetime) -> Path:
     """Write the items and index.json into a sibling temp dir, then rename it to `out`."""
     if out.exists():
         raise UserError(f"{out} already exists; choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    _make_parent(out)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise UserError(f"cannot create {out}: {err.strerror}") from None
     try:
         index = {
             "k26_ddtree_version": __version__,
@@ -191,9 +194,19 @@ def write(items: list[Item], out: Path, now: dt.datetime) -> Path:
     return out
 
 
+def _make_parent(out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create {out}: {err.strerror} ({out.parent})") from None
+
+
 def take(out: Path | None, root: Path, say=print) -> Path:
     now = dt.datetime.now(dt.timezone.utc)
+    if out is None and not root.is_dir():
+        raise UserError(f"--root {root} is not a directory")
     target = out if out is not None else default_dir(root, now)
     if target.exists():
         raise UserError(f"{target} already exists; choose another --out")
+    _make_parent(target)  # before the minutes of collecting, not after
     return write(collect(say), target, now)

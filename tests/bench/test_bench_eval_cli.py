@@ -118,3 +118,31 @@ def test_user_mistakes_are_one_line(tmp_path, capsys):
     done = subprocess.run([sys.executable, "-m", "k26_ddtree", "bench", "--concurrency", "0"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "positive integers" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--request-timeout", "0"], "--request-timeout must be a finite number of seconds > 0"),
+    (["--ready-timeout", "nan"], "--ready-timeout must be a finite number of seconds > 0"),
+    (["--temperature", "-1"], "--temperature must be 0 or more"),
+    (["--out", "/proc/no-such-dir/x.json", "--url", "{url}"], "cannot write /proc/no-such-dir/x.json"),
+    (["sweep", "--budget", "4", "--topk", "4", "--reconfigure-timeout", "-1"],
+     "--reconfigure-timeout must be a finite number of seconds > 0"),
+    (["sweep", "--budget", "4", "--topk", "4", "--reconfigure-cmd", "'unterminated"],
+     "--reconfigure-cmd: cannot split"),
+    (["eval", "--eval-test-timeout", "-1"], "--eval-test-timeout must be a finite number of seconds > 0"),
+    (["eval", "--tasks", "{bad_yaml}"], "line 2 is not valid YAML: expected ',' or ']'"),
+    (["--api-key-file", "{binary}"], "is not text (not UTF-8)"),
+    (["--url", "notaurl"], "--url 'notaurl' must be an http(s) URL with a host"),
+])
+def test_bad_numbers_paths_and_templates_are_one_line(standin, tmp_path, capsys, args, expected):
+    bad_yaml = tmp_path / "tasks.yaml"
+    bad_yaml.write_text("a: [1, 2\n")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe")
+    url = standin().url if "{url}" in args else "http://127.0.0.1:9"
+    argv = [a.replace("{url}", url).replace("{bad_yaml}", str(bad_yaml)).replace("{binary}", str(tmp_path / "binary"))
+            for a in args]
+    sub, rest = (argv[:1], argv[1:]) if argv[0] in ("sweep", "eval") else ([], argv)
+    assert main(["bench", *sub, "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "r.json"), *rest]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("k26-deploy: error: ") and expected in err[0], err
+    assert not (tmp_path / "r.json").exists()

@@ -91,3 +91,25 @@ def test_a_ddtree_server_is_labelled_ddtree_though_it_reports_dflash():
     assert run_label(info, 8, 4) == "DDTREE b8 k4"
     assert algorithm_of({"speculative_algorithm": "DFLASH"}) == "DFLASH"
     assert algorithm_of({"speculative_algorithm": None}) == "AR"
+
+
+def test_report_refuses_runs_it_cannot_read_and_a_file_as_out_folder(tmp_path, capsys):
+    shapes = {
+        "not-utf8.json": b"\xff\xfe",
+        "run-not-object.json": json.dumps({"schema": "k26-ddtree-bench/1", "runs": [5]}).encode(),
+        "run-without-cells.json": json.dumps({"schema": "k26-ddtree-bench/1", "runs": [{"label": "x"}]}).encode(),
+    }
+    for name, data in shapes.items():
+        (tmp_path / name).write_bytes(data)
+        assert main(["bench", "report", str(tmp_path / name), "--out", str(tmp_path / f"{name}.report")]) == 2, name
+        assert not (tmp_path / f"{name}.report").exists(), "no report folder for input it refused"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x\n")
+    good = {"run_id": "r", "label": "AR", "status": "complete", "started_at": "t", "cells": []}
+    (tmp_path / "good.json").write_text(json.dumps({"schema": "k26-ddtree-bench/1", "runs": [good]}))
+    assert main(["bench", "report", str(tmp_path / "good.json"), "--out", str(a_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("k26-deploy: error: ") for line in err), err
+    assert "not JSON (not UTF-8 text)" in err[0] and "run 1 is not an object" in err[1]
+    assert "run 1 lacks run_id, status, started_at, cells" in err[2]
+    assert "cannot create the report folder" in err[3]

@@ -139,3 +139,48 @@ def test_every_subcommand_reports_profile_mistakes_the_same_way(tmp_path):
 )
 def test_reconfigure_rejects_a_bad_budget_before_touching_systemd(args, expected):
     assert expected in one_line_error(k26("reconfigure", *args, "--dry-run"))
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("render", "--profile", "pcie-ep8", "--allow-missing-model", "--unit", "bad/name"),
+         "--unit 'bad/name' is not a systemd unit name"),
+        (("install", "--profile", "pcie-ep8", "--allow-missing-model", "--root", "{tmp}", "--unit", "../evil"),
+         "--unit '../evil' is not a systemd unit name"),
+        (("install", "--profile", "pcie-ep8", "--allow-missing-model", "--root", "{tmp}", "--unit-dir", "rel/dir"),
+         "--unit-dir must be an absolute path"),
+        (("install", "--profile", "pcie-ep8", "--allow-missing-model", "--root", "{tmp}", "--start"),
+         "with --root they would do nothing"),
+        (("install", "--profile", "pcie-ep8", "--allow-missing-model", "--root", "{tmp}/a-file"),
+         "cannot write {tmp}/a-file/etc/systemd/system/k26-ddtree.service: Not a directory"),
+        (("wait-ready", "--url", "notaurl", "--pid", "1", "--timeout", "1"), "must be an http(s) URL with a host"),
+        (("wait-ready", "--url", "http://[::1", "--pid", "1", "--timeout", "1"), "is not a valid URL"),
+        (("wait-ready", "--url", "http://127.0.0.1:1", "--pid", "1", "--timeout", "nan"),
+         "--timeout must be a finite number of seconds >= 0"),
+        (("wait-ready", "--url", "http://127.0.0.1:1", "--pid", "1", "--timeout", "-5"),
+         "--timeout must be a finite number of seconds >= 0"),
+        (("wait-ready", "--url", "http://127.0.0.1:1", "--pid", "0", "--timeout", "1"), "--pid must be a process id >= 1"),
+        (("wait-gpu-free", "--timeout", "-1"), "--timeout must be a finite number of seconds >= 0"),
+        (("wait-gpu-free", "--max-used-mib", "-5"), "--max-used-mib must be 0 or more"),
+    ],
+)
+def test_unit_path_url_and_wait_mistakes_are_one_line_errors(tmp_path, args, expected):
+    (tmp_path / "a-file").write_text("not a directory\n")
+    message = one_line_error(k26(*(a.replace("{tmp}", str(tmp_path)) for a in args)))
+    assert expected.replace("{tmp}", str(tmp_path)) in message
+    assert not (tmp_path / "etc").exists() and not (tmp_path.parent / "evil.service").exists(), "nothing written"
+
+
+def test_a_profile_that_is_not_text_is_one_line(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe")
+    assert "not a YAML text file (not UTF-8)" in one_line_error(k26(*RENDER, "--profile", str(path)))
+
+
+def test_argparse_mistakes_are_one_line_in_the_same_form():
+    message = one_line_error(k26("reconfigure", "--budget", "many"))
+    assert message == ("k26-deploy: error: reconfigure: argument --budget: invalid int value: 'many' "
+                       "(see `k26-deploy reconfigure --help`)")
+    assert "the following arguments are required: --profile" in one_line_error(k26("render"))
+    assert "invalid choice: 'rendr'" in one_line_error(k26("rendr"))

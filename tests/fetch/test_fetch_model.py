@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from fetch_support import REPO_ROOT, TOKEN, cli_argv, cli_env, model_files, needs_aria2c, run_cli
 from fakehub import FakeFile
 
@@ -336,3 +337,28 @@ def test_a_partial_of_an_older_version_does_not_spoil_the_new_one(hub, tmp_path)
     result = run_cli(*args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert_matches_repo(dest, new)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--endpoint", "notaurl"), "hub endpoint 'notaurl' must be an http(s) URL"),
+    (("--endpoint", "http://[::1"), "hub endpoint 'http://[::1' is not a valid URL"),
+    (("--dest", "{file}"), "exists and is not a directory"),
+    (("--drafter", "lab/drafter", "--drafter-dest", "{file}"), "exists and is not a directory"),
+])
+def test_a_bad_endpoint_or_a_file_as_destination_fails_before_any_request(tmp_path, args, expected):
+    (tmp_path / "file").write_text("not a directory\n")
+    argv = ["fetch-model", "--dest", str(tmp_path / "x"), *(a.replace("{file}", str(tmp_path / "file")) for a in args)]
+    result = run_cli(*argv, env=cli_env(HF_TOKEN=TOKEN, HF_ENDPOINT="http://127.0.0.1:9"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and expected in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"], "nothing created"
+
+
+def test_a_token_file_that_is_not_text_is_a_one_line_error(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_bytes(b"\xff\xfe")
+    token_file.chmod(0o600)
+    result = run_cli("fetch-model", "--dest", str(tmp_path / "x"), "--token-file", str(token_file),
+                     "--endpoint", "http://127.0.0.1:9", env=cli_env())
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"k26-deploy: error: token file {token_file} is not text (not UTF-8)"

@@ -80,3 +80,25 @@ def test_verify_model_on_a_directory_without_hashes_is_a_user_error(tmp_path):
     assert result.returncode == 2 and "SHA256SUMS does not exist" in result.stderr
     missing = run_cli("verify-model", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize("sums, expected", [
+    (b"\xff\xfe not text\n", "is not a `sha256sum` file (not UTF-8 text)"),
+    (None, "cannot read"),  # SHA256SUMS is a directory
+])
+def test_an_unreadable_sha256sums_is_a_one_line_error(copied_dir, sums, expected):
+    target = copied_dir / "SHA256SUMS"
+    target.unlink()
+    if sums is None:
+        target.mkdir()
+    else:
+        target.write_bytes(sums)
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and expected in result.stderr
+    assert not (copied_dir / ".k26-model.json").exists()
+
+
+def test_verify_model_on_a_file_says_it_is_not_a_directory(copied_dir):
+    result = run_cli("verify-model", str(copied_dir / "config.json"))
+    assert result.returncode == 2 and result.stderr.strip().endswith("config.json is not a directory")

@@ -174,3 +174,25 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
 def test_oversized_bundle_fails(fake_cache, tmp_path):
     with pytest.raises(UserError, match="over the"):
         bundle.build(PY, "90", [], tmp_path / "out", fake_cache, 0.0001)
+
+
+def test_mistaken_bundle_flags_and_archives_are_one_line(capsys, tmp_path):
+    not_tar = tmp_path / "notes.txt"
+    not_tar.write_text("not an archive\n")
+    no_sums = tmp_path / "no-sums.tar.xz"
+    with tarfile.open(no_sums, "w:xz") as tar:
+        tar.add(not_tar, arcname=f"{bundle.TOP}/site/notes.txt")
+    cases = [
+        (["--install", str(not_tar), "--target", str(tmp_path / "site")], 2, "is not a bundle archive (not a tar file)"),
+        (["--install", str(no_sums), "--target", str(tmp_path / "site")], 1, "SHA256SUMS inside; nothing installed"),
+        (["--install", str(no_sums), "--target", str(not_tar / "site")], 2, f"cannot create {not_tar / 'site'}"),
+        (["--target", str(tmp_path / "site")], 2, "--target only applies with --install"),
+        (["--max-mib", "0", "--out", str(tmp_path)], 2, "--max-mib must be more than 0"),
+        (["--have", "torch", "--out", str(tmp_path)], 2, "--have 'torch': give NAME==VERSION"),
+        (["--have-file", str(no_sums), "--out", str(tmp_path)], 2, "not a `pip freeze` text file (not UTF-8)"),
+    ]
+    for args, code, expected in cases:
+        assert cli(["bundle", *args]) == code, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("k26-deploy: error: ") and expected in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-sums.tar.xz", "notes.txt"], "nothing left behind"

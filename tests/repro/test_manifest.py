@@ -128,3 +128,30 @@ def test_model_dir_without_metadata_is_refused(tree, tmp_path):
     result = _manifest(tree, "--model-dir", str(empty))
     assert result.returncode == 2 and "has none of SHA256SUMS, .k26-model.json" in result.stderr
     assert not (tree / manifest.MANIFEST_NAME).exists()
+
+
+def _one_line(result) -> str:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("k26-deploy: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_manifest_out_that_cannot_be_written_is_refused_before_anything_is_copied(tree, tmp_path):
+    drafter = tmp_path / "Kimi-K2.6-DFlash"
+    drafter.mkdir()
+    (drafter / "SHA256SUMS").write_text("ab" * 32 + "  model.safetensors\n")
+    (tmp_path / "a-file").write_text("x\n")
+    assert "is a directory" in _one_line(_manifest(tree, "--out", str(tmp_path), "--model-dir", str(drafter)))
+    message = _one_line(_manifest(tree, "--out", str(tmp_path / "a-file" / "M"), "--model-dir", str(drafter)))
+    assert f"cannot write {tmp_path / 'a-file' / 'M'}" in message
+    assert not (tree / "env" / "models").exists(), "--model-dir copied nothing"
+
+
+def test_a_binary_manifest_or_a_path_outside_the_root_is_malformed(tree):
+    (tree / manifest.MANIFEST_NAME).write_bytes(b"\xff\xfe\n")
+    assert "not a sha256sum file (not UTF-8 text)" in _one_line(_verify(tree))
+    (tree / manifest.MANIFEST_NAME).write_text("ab" * 32 + "  /etc/passwd\n")
+    assert "'/etc/passwd' is not a path inside the root" in _one_line(_verify(tree))
+    (tree / manifest.MANIFEST_NAME).write_text("ab" * 32 + "  env/../../outside\n")
+    assert "is not a path inside the root" in _one_line(_verify(tree))

@@ -53,6 +53,14 @@ def test_gpu_with_an_old_driver_is_refused_with_one_line(tmp_path, fake_gpu_path
     assert "driver 550.54.15 is older than CUDA 13.0 needs (>= 580)" in result.stderr
 
 
+def test_a_file_as_venv_is_refused_with_one_line(tmp_path):
+    a_file = tmp_path / "venv"
+    a_file.write_text("not a venv\n")
+    result = run_cli("setup", "--dry-run", "--venv", str(a_file), path=cpu_path())
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"k26-deploy: error: --venv {a_file} exists and is not a directory"
+
+
 def test_cpu_dry_run_installs_sglang_without_deps_and_no_cuda(tmp_path):
     venv = tmp_path / "venv"
     result = run_cli("setup", "--dry-run", "--venv", str(venv), path=cpu_path())

@@ -76,3 +76,18 @@ def test_profile_is_read_from_the_unit_k26_deploy_rendered():
     unit = f"# k26-ddtree.service\n{PROFILE_MARK}{json.dumps({'name': 'pcie-ep8', 'port': 30000})}\n[Unit]\n"
     assert snapshot.profile_from_unit(unit) == {"name": "pcie-ep8", "port": 30000}
     assert snapshot.profile_from_unit("[Unit]\nDescription=hand-written\n") is None
+
+
+def test_a_root_or_out_that_is_not_a_folder_is_one_line_and_writes_nothing(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x\n")
+    for args, expected in (
+        (("--root", str(tmp_path / "typo")), f"--root {tmp_path / 'typo'} is not a directory"),
+        (("--root", str(a_file)), f"--root {a_file} is not a directory"),
+        (("--out", str(a_file / "snap")), f"cannot create {a_file / 'snap'}"),
+    ):
+        result = run_cli("snapshot", *args, path=cpu_path())
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("k26-deploy: error: ") and expected in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
