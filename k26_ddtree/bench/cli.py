@@ -8,11 +8,12 @@ stays fast.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+
+from k26_ddtree.cli import checks
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 DEFAULT_CONTEXTS = "60,1024,4096,8192"
@@ -138,14 +139,13 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
     from k26_ddtree.bench.harness import MatrixSettings
     from k26_ddtree.bench.prompts import PromptSource, parse_id_range
     from k26_ddtree.bench.runner import RunOptions
-    from k26_ddtree.deploy.readiness import check_url
     from k26_ddtree.errors import UserError
 
-    check_url(args.url)
-    _check_seconds("--request-timeout", args.request_timeout)
-    _check_seconds("--ready-timeout", args.ready_timeout)
+    checks.http_url(args.url, "--url", "http://127.0.0.1:30000")
+    checks.seconds("--request-timeout", args.request_timeout, allow_zero=False)
+    checks.seconds("--ready-timeout", args.ready_timeout, allow_zero=False)
     if with_eval:
-        _check_seconds("--eval-test-timeout", args.eval_test_timeout)
+        checks.seconds("--eval-test-timeout", args.eval_test_timeout, allow_zero=False)
     matrix = prompts = None
     if with_matrix:
         if not args.temperature >= 0:
@@ -183,14 +183,6 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
         prompts=prompts,
         coding_eval=_eval_settings(args) if with_eval else None,
     )
-
-
-def _check_seconds(flag: str, value: float) -> None:
-    from k26_ddtree.errors import UserError
-
-    # Every wait is bounded: nan or inf would never expire, and no wait can take 0 s or less.
-    if not (math.isfinite(value) and value > 0):
-        raise UserError(f"{flag} must be a finite number of seconds > 0, got {value}")
 
 
 def _outcome(run: dict, out: Path) -> int:
@@ -242,7 +234,7 @@ def handle_report(args) -> int:
 def handle_sweep(args) -> int:
     from k26_ddtree.bench.sweep import SweepPlan, run_sweep
 
-    _check_seconds("--reconfigure-timeout", args.reconfigure_timeout)
+    checks.seconds("--reconfigure-timeout", args.reconfigure_timeout, allow_zero=False)
     plan = SweepPlan(
         budgets=args.budgets,
         topks=args.topks,

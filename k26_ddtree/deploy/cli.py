@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
 
+from k26_ddtree.cli import checks
 from k26_ddtree.errors import UserError
 
 UNIT_HELP = "systemd unit name (default: k26-ddtree)"
@@ -124,12 +124,6 @@ def _state_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="where the last-good unit is kept (default $K26_STATE_DIR or /var/lib/k26-ddtree)")
 
 
-def _check_seconds(flag: str, value: float) -> None:
-    # Every wait is bounded: nan would never expire, a negative bound is a typo.
-    if not math.isfinite(value) or value < 0:
-        raise UserError(f"{flag} must be a finite number of seconds >= 0, got {value}")
-
-
 def _say(message: str) -> None:
     print(f"k26-deploy: {message}", flush=True)
 
@@ -238,8 +232,8 @@ def _status(args) -> int:
 def _wait_ready(args) -> int:
     from k26_ddtree.deploy import readiness, systemd
 
-    _check_seconds("--timeout", args.timeout)
-    readiness.check_url(args.url)
+    checks.seconds("--timeout", args.timeout, allow_zero=True)
+    checks.http_url(args.url, "--url", "http://127.0.0.1:30000")
     if args.pid is not None and args.pid < 1:
         raise UserError(f"--pid must be a process id >= 1, got {args.pid}")
     # Inside ExecStartPost systemd names the process it just started in $MAINPID: never a stale one.
@@ -259,7 +253,7 @@ def _wait_ready(args) -> int:
 def _wait_gpu_free(args) -> int:
     from k26_ddtree.deploy.nvidia import wait_memory_released
 
-    _check_seconds("--timeout", args.timeout)
+    checks.seconds("--timeout", args.timeout, allow_zero=True)
     if args.max_used_mib < 0:
         raise UserError(f"--max-used-mib must be 0 or more, got {args.max_used_mib}")
     free, detail = wait_memory_released(args.max_used_mib, args.timeout, _say)

@@ -18,23 +18,11 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
 
-from k26_ddtree.errors import UserError
 
 _LISTEN = "0A"
 HTTP_TIMEOUT_SEC = 30
 # Local servers only: an http_proxy in the environment must not reroute 127.0.0.1.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def check_url(url: str) -> None:
-    """UserError unless `url` is an http(s) URL with a host (and a valid port, when one is given)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError for a port that is not a number in range
-    except ValueError as err:
-        raise UserError(f"--url {url!r} is not a valid URL ({err})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise UserError(f"--url {url!r} must be an http(s) URL with a host, e.g. http://127.0.0.1:30000")
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,8 @@ def _check_split_size(text: str) -> None:
 def fetch_model(args) -> int:
     from k26_ddtree.fetch.aria2 import Aria2Settings, find_aria2c
     from k26_ddtree.fetch.fetcher import RepoFetch
-    from k26_ddtree.fetch.hub import check_endpoint, check_repo_id, default_endpoint, fetch_snapshot
+    from k26_ddtree.cli.checks import http_url
+    from k26_ddtree.fetch.hub import check_repo_id, default_endpoint, fetch_snapshot
     from k26_ddtree.fetch.progress import Reporter
     from k26_ddtree.fetch.token import load_token
 
@@ -99,7 +100,7 @@ def fetch_model(args) -> int:
     for _repo, _revision, dest in targets:
         if dest.exists() and not dest.is_dir():
             raise UserError(f"{dest} exists and is not a directory (--dest and --drafter-dest name directories)")
-    endpoint = check_endpoint(args.endpoint or default_endpoint()).rstrip("/")
+    endpoint = http_url(args.endpoint or default_endpoint(), "hub endpoint", "https://huggingface.co").rstrip("/")
     find_aria2c()
     token = load_token(args.token_file)
     settings = Aria2Settings(connections=args.connections, parallel_files=args.parallel_files,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from k26_ddtree.errors import UserError
 
@@ -61,17 +61,6 @@ def check_repo_id(repo: str) -> str:
     if not _REPO.fullmatch(repo) or ".." in repo:
         raise UserError(f"repository id {repo!r} is not of the form owner/name")
     return repo
-
-
-def check_endpoint(endpoint: str) -> str:
-    try:
-        parts = urlsplit(endpoint)
-        port = parts.port  # raises ValueError for a port that is not a number in range
-    except ValueError as err:
-        raise UserError(f"hub endpoint {endpoint!r} is not a valid URL ({err})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise UserError(f"hub endpoint {endpoint!r} must be an http(s) URL, e.g. https://huggingface.co")
-    return endpoint
 
 
 def resolve_url(endpoint: str, repo: str, commit: str, path: str) -> str:
