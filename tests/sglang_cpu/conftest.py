@@ -10,6 +10,7 @@ requesting the fixture.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from k26_ddtree.patchset import apply, importable, regen
 from k26_ddtree.patchset.pins import FULL_DIR, PINS_FILE, SERIES_FILE
 from k26_ddtree.patchset.wheel import shipped_wheel
+from server_args_support import QWEN3
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches" / "sglang-0.5.11"
@@ -41,3 +43,22 @@ def patched_sglang(pristine_sglang, tmp_path_factory) -> Path:
     if str(site) not in sys.path:
         sys.path.insert(0, str(site))
     return site
+
+
+@pytest.fixture
+def models(tmp_path):
+    """A tiny target config and a DFlash drafter config with block_size 8."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(QWEN3))
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    draft_config = dict(QWEN3, architectures=["DFlashDraftModel"], num_hidden_layers=2)
+    draft_config["dflash_config"] = {
+        "target_layer_ids": [1, 2],
+        "mask_token": "<|MASK|>",
+        "mask_token_id": 2,
+        "block_size": 8,
+    }
+    (draft / "config.json").write_text(json.dumps(draft_config))
+    return str(target), str(draft)

@@ -2,65 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
-import json
 
 import pytest
 
-QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 151936,
-    "max_position_embeddings": 4096,
-    "torch_dtype": "bfloat16",
-}
-
-
-@pytest.fixture
-def models(tmp_path):
-    """A tiny target config and a DFlash drafter config with block_size 8."""
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "config.json").write_text(json.dumps(QWEN3))
-    draft = tmp_path / "draft"
-    draft.mkdir()
-    draft_config = dict(QWEN3, architectures=["DFlashDraftModel"], num_hidden_layers=2)
-    draft_config["dflash_config"] = {
-        "target_layer_ids": [1, 2],
-        "mask_token": "<|MASK|>",
-        "mask_token_id": 2,
-        "block_size": 8,
-    }
-    (draft / "config.json").write_text(json.dumps(draft_config))
-    return str(target), str(draft)
-
-
-def parse(argv):
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(argv))
-
-
-def cli(models, *extra):
-    target, draft = models
-    return [
-        "--model-path", target,
-        "--speculative-draft-model-path", draft,
-        "--device", "cpu",
-        "--skip-tokenizer-init",
-        *extra,
-    ]
-
+from server_args_support import cli, parse
 
 def test_flags_turn_ddtree_on_and_split_target_from_draft(patched_sglang, models):
     from k26_ddtree.sglang.args import DDTreeConfig, apply_to_draft_args, draft_block_size

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-# `models` is a fixture: importing it here makes it this module's too.
-from test_ddtree_server_args import cli, models, parse  # noqa: F401
+from server_args_support import cli, parse
 
 
 class StopAfterReqToTokenPool(Exception):
