@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from k26_ddtree import __version__
@@ -52,12 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # SIGTERM (systemd stop, kill) unwinds like Ctrl-C: context managers and `finally` blocks
+    # remove temp folders, stop child processes (aria2c keeps its resume records) and keep
+    # results written so far, instead of the interpreter dying mid-write.
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         return int(args.func(args) or 0)
     except UserError as err:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
@@ -63,12 +62,6 @@ def register(sub) -> None:
     verify.set_defaults(func=verify_model)
 
 
-def _terminate_as_interrupt(signum, frame) -> None:
-    # SIGTERM (systemd stop, kill) must unwind like Ctrl-C so aria2c is stopped cleanly and
-    # saves its resume records, instead of the interpreter dying mid-write.
-    raise KeyboardInterrupt
-
-
 def _check_split_size(text: str) -> None:
     match = re.fullmatch(r"([0-9]+)([KM]?)", text)
     scale = {"": 1, "K": 1 << 10, "M": 1 << 20}
@@ -106,17 +99,13 @@ def fetch_model(args) -> int:
     settings = Aria2Settings(connections=args.connections, parallel_files=args.parallel_files,
                              min_split_size=args.min_split_size)
     reporter = Reporter()
-    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    try:
-        # Both listings first: a mistyped drafter repo fails in seconds, not after the model.
-        snapshots = [(fetch_snapshot(endpoint, repo, revision, token), dest)
-                     for repo, revision, dest in targets]
-        failed: list[str] = []
-        for snapshot, dest in snapshots:
-            failed += [f"{snapshot.repo}:{path}" for path in
-                       RepoFetch(snapshot, endpoint, dest, token, settings, reporter).run()]
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # Both listings first: a mistyped drafter repo fails in seconds, not after the model.
+    snapshots = [(fetch_snapshot(endpoint, repo, revision, token), dest)
+                 for repo, revision, dest in targets]
+    failed: list[str] = []
+    for snapshot, dest in snapshots:
+        failed += [f"{snapshot.repo}:{path}" for path in
+                   RepoFetch(snapshot, endpoint, dest, token, settings, reporter).run()]
     if failed:
         raise UserError(f"{len(failed)} files not fetched and verified: {', '.join(failed)}", code=1)
     for _repo, _revision, dest in targets:

@@ -300,18 +300,21 @@ def add_text(tar: tarfile.TarFile, name: str, text: str, mode: int = 0o644) -> N
 def write_archive(root: Path, out: Path, meta: dict, manifest: list[str], python: str) -> None:
     """tar.xz with files in sorted order and fixed mtimes: same inputs, same archive bytes."""
     tmp = out.with_name(out.name + ".partial")
-    with tarfile.open(tmp, "w:xz", preset=6, format=tarfile.PAX_FORMAT) as tar:
-        add_text(tar, f"{TOP}/install.sh", INSTALL_SH.format(python=python), 0o755)
-        add_text(tar, f"{TOP}/SHA256SUMS", "\n".join(manifest) + "\n")
-        add_text(tar, f"{TOP}/bundle.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
-        for line in manifest:
-            rel = line.split("  ", 1)[1]
-            path = root / rel
-            info = tar.gettarinfo(str(path), arcname=f"{TOP}/{rel}")
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            with open(path, "rb") as f:
-                tar.addfile(info, f)
-    os.replace(tmp, out)
+    try:
+        with tarfile.open(tmp, "w:xz", preset=6, format=tarfile.PAX_FORMAT) as tar:
+            add_text(tar, f"{TOP}/install.sh", INSTALL_SH.format(python=python), 0o755)
+            add_text(tar, f"{TOP}/SHA256SUMS", "\n".join(manifest) + "\n")
+            add_text(tar, f"{TOP}/bundle.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+            for line in manifest:
+                rel = line.split("  ", 1)[1]
+                path = root / rel
+                info = tar.gettarinfo(str(path), arcname=f"{TOP}/{rel}")
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)  # an interrupted or failed write leaves no half archive
     (out.with_name(out.name + ".sha256")).write_text(f"{sha256_file(out)}  {out.name}\n")
 
 

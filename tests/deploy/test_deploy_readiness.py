@@ -125,3 +125,21 @@ def test_without_root_the_owner_is_reported_unchecked_not_foreign(servers):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"owner not checked: run as root to tie it to pid {server.pid}" in proc.stdout
+
+
+def test_sigterm_unwinds_a_wait_like_ctrl_c():
+    """systemd stops ExecStartPost with SIGTERM: the wait ends at once, as an interruption, not a crash."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k26_ddtree", "wait-ready", "--pid", str(os.getpid()),
+         "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "k26-deploy: interrupted" in err
+    assert "Traceback" not in err
