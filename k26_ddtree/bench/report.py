@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from k26_ddtree.bench.results import utc_now, write_text_atomic
+from k26_ddtree import atomic
+from k26_ddtree.bench.results import utc_now
 from k26_ddtree.errors import UserError
 
 
@@ -195,5 +196,5 @@ def render_report(runs: list[dict], out_dir: Path) -> list[Path]:
         raise UserError(f"cannot create the report folder {out_dir}: {err.strerror}") from None
     plots = write_plots(runs, run_names(runs), out_dir) if any(r["cells"] for r in runs) else []
     report = out_dir / "report.md"
-    write_text_atomic(report, render_markdown(runs, plots))
+    atomic.write_text(report, render_markdown(runs, plots))
     return [report, *plots]

@@ -9,14 +9,13 @@ DFLASH and DDTREE runs for a side-by-side report.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import subprocess
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import source_root
 
@@ -134,24 +133,8 @@ def _run_problem(run) -> str | None:
     return None
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder, then os.replace: never half a file."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise UserError(f"cannot write {path}: {err.strerror}") from None
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(path: Path, document: dict) -> None:
-    write_text_atomic(path, json.dumps(document, indent=1) + "\n")
+    atomic.write_text(path, json.dumps(document, indent=1) + "\n")
 
 
 class RunWriter:

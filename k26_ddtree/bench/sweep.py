@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass
 
 from k26_ddtree.bench.report import winners_markdown
-from k26_ddtree.bench.results import load_results, write_text_atomic
+from k26_ddtree import atomic
+from k26_ddtree.bench.results import load_results
 from k26_ddtree.bench.runner import RunOptions, execute_run
 from k26_ddtree.errors import UserError
 
@@ -90,7 +91,7 @@ def run_sweep(plan: SweepPlan, base: RunOptions) -> int:
     if failed:
         summary += "\nFailed configurations:\n\n" + "".join(f"- {line}\n" for line in failed)
     summary_path = base.out.with_suffix(".sweep.md")
-    write_text_atomic(summary_path, summary)
+    atomic.write_text(summary_path, summary)
     print(summary)
     print(f"sweep: results in {base.out}, summary in {summary_path}", file=sys.stderr)
     return 0 if not failed and all(not c["has_errors"] for r in runs for c in r["cells"]) else 1

@@ -12,7 +12,6 @@ import contextlib
 import difflib
 import fcntl
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from k26_ddtree.deploy import readiness, systemd
 from k26_ddtree.deploy.envfile import api_key_for, check_env_file
 from k26_ddtree.deploy.profiles import Profile
 from k26_ddtree.deploy.units import PROFILE_MARK, local_url, profile_from_unit, render_service, require_clean
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 
 DEFAULT_STATE_DIR = Path("/var/lib/k26-ddtree")
@@ -67,28 +67,12 @@ def installed_unit(unit: str) -> Path:
     return path
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as err:
-        raise UserError(f"cannot write {path}: {err.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def install(profile: Profile, unit: str, unit_dir: Path, root: Path | None, start: bool, enable: bool,
             states: Path, say: Say) -> int:
     check_env_file(profile, root)
     text = require_clean(render_service(profile, unit), unit)
     target = (root / unit_dir.relative_to("/") if root else unit_dir) / systemd.unit_file_name(unit)
-    write_atomic(target, text)
+    atomic.write_text(target, text)
     say(f"wrote {target} ({profile.summary()})")
     if root:
         say("--root given: no daemon-reload; the unit takes effect when that root boots")
@@ -108,7 +92,7 @@ def install(profile: Profile, unit: str, unit_dir: Path, root: Path | None, star
         outcome = restart_and_wait(unit, profile, say)
     if not outcome.ok:
         raise UserError(f"{unit} did not become ready: {outcome.detail}", code=1)
-    write_atomic(last_good_path(states, unit), text)
+    atomic.write_text(last_good_path(states, unit), text)
     say(f"{unit} ready: pid {outcome.pid}, {local_url(profile)}")
     return 0
 
@@ -135,24 +119,24 @@ def reconfigure(new: Profile, unit: str, states: Path, dry_run: bool, say: Say) 
 def _switch(new: Profile, unit: str, unit_path: Path, current: str, text: str, last_good: Path, say: Say) -> int:
     old = profile_from_unit(current, str(unit_path))
     if readiness.probe(systemd.main_pid(unit), local_url(old)).ready:
-        write_atomic(last_good, current)
+        atomic.write_text(last_good, current)
     rollback_text = last_good.read_text(encoding="utf-8") if last_good.is_file() else current
 
     say(f"{unit}: switching to {new.summary()}")
-    write_atomic(unit_path, text)
+    atomic.write_text(unit_path, text)
     systemd.systemctl("daemon-reload")
     try:
         outcome = restart_and_wait(unit, new, say)
     except UserError as err:  # e.g. a stop that outlived its bound: still roll back
         outcome = Outcome(False, 0, str(err))
     if outcome.ok:
-        write_atomic(last_good, text)
+        atomic.write_text(last_good, text)
         say(f"{unit} reconfigured: {new.summary()}; ready, pid {outcome.pid}")
         return 0
 
     say(f"{unit}: {new.summary()} failed: {outcome.detail}; rolling back")
     good = profile_from_unit(rollback_text, str(last_good))
-    write_atomic(unit_path, rollback_text)
+    atomic.write_text(unit_path, rollback_text)
     systemd.systemctl("daemon-reload")
     back = restart_and_wait(unit, good, say)
     state = f"ready again, pid {back.pid}" if back.ok else f"NOT ready either: {back.detail}"

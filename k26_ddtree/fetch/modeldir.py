@@ -16,6 +16,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.fetch.hashing import file_digests
 from k26_ddtree.fetch.hub import DEFAULT_MODEL_REPO
@@ -28,19 +29,10 @@ STAMP_FORMAT = 1
 _SUMS_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def write_sums(model_dir: Path, entries: list[tuple[str, str]]) -> None:
     """entries: (sha256, relative path); written sorted by path, as `sha256sum` writes them."""
     lines = [f"{sha}  {rel}\n" for sha, rel in sorted(entries, key=lambda e: e[1])]
-    atomic_write_text(model_dir / SUMS_NAME, "".join(lines))
+    atomic.write_text(model_dir / SUMS_NAME, "".join(lines))
 
 
 def read_sums(model_dir: Path) -> list[tuple[str, str]]:
@@ -96,7 +88,7 @@ def write_stamp(model_dir: Path, *, repo: str | None, revision: str | None, comm
         "total_bytes": sum(f["size"] for f in files),
         "files": sorted(files, key=lambda f: f["path"]),
     }
-    atomic_write_text(model_dir / STAMP_NAME, json.dumps(stamp, indent=1) + "\n")
+    atomic.write_text(model_dir / STAMP_NAME, json.dumps(stamp, indent=1) + "\n")
 
 
 def utc_now() -> str:

@@ -10,11 +10,10 @@ to the root and sorted, so the same tree always gives the same bytes, and
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_file
 
@@ -82,21 +81,9 @@ def copy_model_metadata(root: Path, model_dir: Path) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
     for name in present:
-        _atomic_copy(model_dir / name, dest / name)
+        atomic.write_bytes(dest / name, (model_dir / name).read_bytes())
         copied.append((dest / name).relative_to(root).as_posix())
     return copied
-
-
-def _atomic_copy(src: Path, dest: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def render(root: Path, files: list[str], say=print) -> str:
@@ -120,18 +107,7 @@ def write(root: Path, out: Path, say=print) -> int:
         raise UserError(f"nothing to record under {root}: none of {', '.join(COVERED_DIRS + COVERED_FILES)} exist")
     text = render(root, files, say)
     check_out(out)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    except OSError as err:
-        raise UserError(f"cannot write {out}: {err.strerror}") from None
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_text(out, text)
     return len(files)
 
 
