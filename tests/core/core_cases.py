@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from k26_ddtree.tree import DDTree
+from k26_ddtree.tree import DDTree, build_ddtree
 
 
 def draft_inputs(gen: torch.Generator, batch: int, depth: int, topk: int, *, vocab: int = 1000, tie_step: float = 0.0):
@@ -42,3 +42,15 @@ def random_tree(gen: torch.Generator, batch: int, n: int, *, vocab: int = 50) ->
         perm = torch.randperm(vocab, generator=gen)
         tokens[b] = perm[:n] if n <= vocab else torch.arange(n)
     return DDTree(tokens=tokens, parents=parents, depths=depths, node_logws=logws)
+
+
+def meta_tree(batch: int = 4, depth: int = 7, topk: int = 8, budget: int = 32) -> DDTree:
+    """A builder tree on the meta device: any op that needs the data (a host sync) fails there."""
+    meta = dict(device="meta")
+    return build_ddtree(
+        torch.zeros(batch, dtype=torch.long, **meta),
+        torch.zeros(batch, depth, topk, dtype=torch.long, **meta),
+        torch.zeros(batch, depth, topk, **meta),
+        budget,
+        validate=False,
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from core_cases import draft_inputs, random_tree
+from core_cases import draft_inputs, meta_tree, random_tree
 
 from k26_ddtree.reference import children_of
 from k26_ddtree.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
@@ -93,13 +93,6 @@ def test_positions_add_depth_to_the_root_position():
 
 
 def test_no_host_sync_for_builder_trees():
-    meta = dict(device="meta")
-    tree = build_ddtree(
-        torch.zeros(4, dtype=torch.long, **meta),
-        torch.zeros(4, 7, 8, dtype=torch.long, **meta),
-        torch.zeros(4, 7, 8, **meta),
-        32,
-        validate=False,
-    )
+    tree = meta_tree()
     assert all(t.shape == (4, 33) for t in compile_ddtree_retrieve(tree))
     assert tree_attention_mask(tree).shape == (4, 33, 33)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from core_cases import draft_inputs, random_tree
+from core_cases import draft_inputs, meta_tree, random_tree
 
 from k26_ddtree.reference import children_of, walk_greedy
 from k26_ddtree.tree import DDTree, build_ddtree
@@ -92,16 +92,9 @@ def test_verify_rejects_mismatched_shapes():
 
 
 def test_verify_has_no_host_sync_when_the_tree_knows_its_depth():
-    meta = dict(device="meta")
-    tree = build_ddtree(
-        torch.zeros(4, dtype=torch.long, **meta),
-        torch.zeros(4, 7, 8, dtype=torch.long, **meta),
-        torch.zeros(4, 7, 8, **meta),
-        32,
-        validate=False,
-    )
-    assert verify_greedy(tree, torch.zeros(4, 33, dtype=torch.long, **meta)).path.shape == (4, 8)
-    committed = committed_tokens(tree, verify_sampling(tree, torch.ones(4, 33, 10, **meta)))
+    tree = meta_tree()
+    assert verify_greedy(tree, torch.zeros(4, 33, dtype=torch.long, device="meta")).path.shape == (4, 8)
+    committed = committed_tokens(tree, verify_sampling(tree, torch.ones(4, 33, 10, device="meta")))
     assert committed.shape == (4, 8)
 
 
