@@ -44,6 +44,8 @@ from functools import lru_cache
 
 import torch
 
+from k26_ddtree.budget import max_budget
+
 # A key is read back as two 32-bit words (little-endian: word 0 is the low
 # half): the path code as int32, the cost as float32. Codes stay below 2^31.
 _CODE_LIMIT = 1 << 31
@@ -88,11 +90,6 @@ class DDTree:
         if self.max_depth is not None:
             return self.max_depth
         return int(self.depths.max()) if self.depths.numel() else 0
-
-
-def max_budget(depth: int, topk: int) -> int:
-    """Number of distinct prefixes of length 1..depth over topk ranks: sum of topk^d."""
-    return sum(topk**d for d in range(1, depth + 1))
 
 
 @dataclass(frozen=True)

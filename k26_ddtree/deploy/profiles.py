@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from k26_ddtree import budget
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import data_path
 
@@ -144,7 +145,7 @@ def shipped_names() -> list[str]:
 
 def max_budget(topk: int, block_size: int) -> int:
     """Nodes a tree of depth block-1 with `topk` children per node can hold (root excluded)."""
-    return sum(topk**d for d in range(1, block_size))
+    return budget.max_budget(block_size - 1, topk)
 
 
 def load_profile(ref: str, sets: list[str] | None = None) -> Profile:

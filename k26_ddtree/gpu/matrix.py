@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree.budget import max_budget
 from k26_ddtree.errors import UserError
 
 BUDGETS = (4, 8, 16, 32, 64)
@@ -25,13 +26,8 @@ _NAME = re.compile(
 )
 
 
-def max_budget(topk: int, block_size: int = BLOCK_SIZE) -> int:
-    """The most nodes a depth-(block-1) tree with `topk` children per node can hold."""
-    return sum(topk ** d for d in range(1, block_size))
-
-
 def valid_pairs() -> list[tuple[int, int]]:
-    return [(b, k) for k in TOPKS for b in BUDGETS if b <= max_budget(k)]
+    return [(b, k) for k in TOPKS for b in BUDGETS if b <= max_budget(BLOCK_SIZE - 1, k)]
 
 
 @dataclass(frozen=True)
@@ -60,7 +56,7 @@ def parse_server(name: str) -> ServerSpec:
     if name.startswith("dflash"):
         return ServerSpec(name, "DFLASH", eager=eager)
     budget, topk = int(m.group("b")), int(m.group("k"))
-    if not (1 <= budget <= max_budget(topk)) or topk < 1:
+    if not (1 <= budget <= max_budget(BLOCK_SIZE - 1, topk)) or topk < 1:
         raise UserError(f"server {name}: budget {budget} with topk {topk} is not valid "
                         f"(1 <= budget <= sum of topk^d for d=1..{BLOCK_SIZE - 1})")
     return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter") == "oracle", eager, bool(m.group("spine")))
