@@ -2,12 +2,13 @@
 
 Compares the heap reference (Python, one request at a time, CPU) with the
 batched builder + compile_ddtree_retrieve on the CPU and, when a GPU is
-present, on CUDA both eagerly and replayed from a CUDA graph (the way SGLang
-runs it). The batched path runs with validate=False, as in the server.
-The "aten ops" column counts the aten operators one step dispatches on the
-GPU's code path (traced on the meta device, so no GPU is needed): views and
-bare allocations excluded, each remaining op is about one CUDA kernel, and
-under graph replay the per-kernel cost dominates at these sizes.
+present, on CUDA: eagerly and replayed from a CUDA graph (the way SGLang runs
+it), with the fused Triton builder (what build_ddtree runs on CUDA) and, for
+comparison, with the torch-op builder (fused=False). The batched path runs
+with validate=False, as in the server. The "torch ops" column counts the aten
+operators one torch-op step dispatches (traced on the meta device, so no GPU
+is needed): views and bare allocations excluded, each is one or more CUDA
+kernels, and under graph replay the per-kernel cost dominates at these sizes.
 
     python3 bench/bench_tree.py                 # every configuration, markdown table
     python3 bench/bench_tree.py --json out.json # also write the rows as JSON
@@ -53,8 +54,8 @@ def draft_inputs(batch: int, topk: int, device: str, seed: int = 0):
     return roots.to(device), tokens.to(device), top.values.to(device)
 
 
-def step(inputs, budget: int):
-    tree = build_ddtree(*inputs, budget, validate=False)
+def step(inputs, budget: int, fused: bool | None = None):
+    tree = build_ddtree(*inputs, budget, validate=False, fused=fused)
     return tree, compile_ddtree_retrieve(tree)
 
 
@@ -74,7 +75,7 @@ class _OpCounter(TorchDispatchMode):
 
 
 def aten_ops(batch: int, budget: int, topk: int) -> int:
-    """aten ops in one step on the GPU's code path (meta tensors take it), after a warm-up
+    """aten ops in one torch-op step (meta tensors take the torch ops), after a warm-up
     call that makes the cached constants."""
     inputs = (
         torch.zeros(batch, dtype=torch.long, device="meta"),
@@ -113,27 +114,28 @@ def time_cuda(fn, reps: int) -> float:
     return begin.elapsed_time(end) / reps * 1e3
 
 
-def cuda_graph_step(inputs, budget: int):
+def cuda_graph_step(inputs, budget: int, fused: bool):
     """Capture one step in a CUDA graph (warm-up on a side stream first, as
-    torch.cuda.graph requires) and return its replay function."""
+    torch.cuda.graph requires) and return its replay function, after checking
+    that the replay equals the CPU's torch-op builder."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            step(inputs, budget)
+            step(inputs, budget, fused)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tree, encoding = step(inputs, budget)
+        tree, encoding = step(inputs, budget, fused)
     graph.replay()
     torch.cuda.synchronize()
-    eager_tree, eager_encoding = step(inputs, budget)
+    eager_tree, eager_encoding = step([t.cpu() for t in inputs], budget)
     fields = ("tokens", "parents", "depths", "node_logws")
     got_all = [getattr(tree, f) for f in fields] + list(encoding)
     want_all = [getattr(eager_tree, f) for f in fields] + list(eager_encoding)
     for got, want in zip(got_all, want_all):
-        if not torch.equal(got, want):
-            raise SystemExit("bench_tree: CUDA graph replay disagrees with eager execution")
+        if not torch.equal(got.cpu(), want):
+            raise SystemExit("bench_tree: CUDA graph replay disagrees with the CPU builder")
     # The graph writes into the captured outputs' memory: keep them alive with it.
     captured = (graph, tree, encoding)
     return lambda: captured[0].replay()
@@ -152,8 +154,9 @@ def measure(batch: int, budget: int, topk: int, devices: list[str], quick: bool)
     if "cuda" in devices:
         cuda_inputs = draft_inputs(batch, topk, "cuda")
         reps = 50 if quick else 500
-        row["cuda_eager_us"] = time_cuda(lambda: step(cuda_inputs, budget), reps)
-        row["cuda_graph_us"] = time_cuda(cuda_graph_step(cuda_inputs, budget), reps)
+        row["cuda_eager_us"] = time_cuda(lambda: step(cuda_inputs, budget, True), reps)
+        row["cuda_graph_us"] = time_cuda(cuda_graph_step(cuda_inputs, budget, True), reps)
+        row["cuda_graph_torch_us"] = time_cuda(cuda_graph_step(cuda_inputs, budget, False), reps)
     fastest = row.get("cuda_graph_us", row.get("batched_cpu_us"))
     row["speedup_vs_heap"] = row["heap_ref_cpu_us"] / fastest
     return row
@@ -163,11 +166,12 @@ COLUMNS = [
     ("B", "B", "{}"),
     ("budget", "budget", "{}"),
     ("K", "K", "{}"),
-    ("aten_ops", "aten ops", "{}"),
+    ("aten_ops", "torch ops", "{}"),
     ("heap_ref_cpu_us", "heap ref CPU µs", "{:.0f}"),
     ("batched_cpu_us", "batched CPU µs", "{:.0f}"),
-    ("cuda_eager_us", "CUDA eager µs", "{:.1f}"),
-    ("cuda_graph_us", "CUDA graph µs", "{:.1f}"),
+    ("cuda_eager_us", "CUDA fused eager µs", "{:.1f}"),
+    ("cuda_graph_us", "CUDA fused graph µs", "{:.1f}"),
+    ("cuda_graph_torch_us", "CUDA torch-op graph µs", "{:.1f}"),
     ("speedup_vs_heap", "heap / fastest", "{:.1f}x"),
 ]
 

@@ -23,10 +23,12 @@ def compile_ddtree_retrieve(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor, t
     retrieve_next_token[b, u] = local index of u's first child, or -1;
     retrieve_next_sibling[b, c] = local index of c's next sibling, or -1.
     Siblings run in descending node_logws, ties by node index; the root has no sibling.
+    retrieve_index depends on the shape alone: it is one cached tensor per (B, N,
+    device), shared between calls, so treat it as read-only.
     """
     batch, n = tree.parents.shape
     device = tree.parents.device
-    retrieve_index = torch.arange(batch * n, device=device).view(batch, n)
+    retrieve_index = _global_index(batch, n, device)
     if not tree.best_first:
         return (retrieve_index, *_links_by_score(tree))
 
@@ -40,6 +42,11 @@ def compile_ddtree_retrieve(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor, t
     found, first = match.max(dim=3)
     links = torch.where(found, first, none)
     return retrieve_index, links[0], links[1]
+
+
+@lru_cache(maxsize=64)
+def _global_index(batch: int, n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(batch * n, device=device).view(batch, n)
 
 
 @lru_cache(maxsize=64)

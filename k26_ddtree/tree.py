@@ -17,10 +17,9 @@ members of the top set at depth d are the best ones of depth d, and every one
 of them extends a member of the top set at depth d - 1 (a prefix that beats
 the parent gives, with the same last rank, a child that beats the child). A
 node at depth d brings its d - 1 ancestors along, so depth d holds at most
-budget - d + 1 tree nodes and depths beyond the budget hold none. Each depth
-keeps that many of its best prefixes, chosen among the children of the
-previous depth's survivors, and one final ranking over all survivors orders
-the tree.
+m_d = budget - d + 1 tree nodes and depths beyond the budget hold none. Each
+depth keeps its m_d best prefixes, sorted, and one final sort over all depths'
+survivors orders the tree.
 
 Every prefix is one int64 key whose high 32 bits are the float32 cost
 (= -score, >= +0.0, whose bit pattern grows with the value) and whose low 32
@@ -28,12 +27,13 @@ bits are its path code: 1 for the root, parent_code * max(K, 2) + rank for a
 child. Codes grow with depth and, within a depth, with the rank path, so the
 keys are unique and order prefixes exactly by (cost, depth, rank path); a code
 also names its parent (code // max(K, 2)) and its rank (code % max(K, 2)), so
-survivors can sit in any slot order and no parent pointers are carried.
-Selection and the final order come from ranks, computed by counting smaller
-keys (one broadcast compare and one sum: a fixed, small number of kernels on a
-GPU) or, on the CPU where that quadratic count is slow, by a sort; both give
-the same ranks because keys are unique. The tree's parents are then found by
-matching codes among its N nodes.
+no parent pointers are carried.
+
+This torch builder is a fixed sequence of about 40 ops whatever the data, and
+runs on any device. On a CUDA device with Triton, build_ddtree runs the same
+algorithm as one fused kernel instead (tree_kernel.py), bit for bit the same
+tree: dozens of small launches and int64 sorts are what dominate at serving
+batch sizes.
 """
 
 from __future__ import annotations
@@ -49,9 +49,6 @@ from k26_ddtree.budget import max_budget
 # A key is read back as two 32-bit words (little-endian: word 0 is the low
 # half): the path code as int32, the cost as float32. Codes stay below 2^31.
 _CODE_LIMIT = 1 << 31
-# Rows of at most this many candidates skip the per-depth selection: ranking
-# them again in the final table is cheaper than the selection's kernels.
-_SMALL_ROW = 64
 # Added to the keys of the root and the spine nodes so they rank first.
 _SPINE_BIT = -(1 << 63)
 
@@ -95,8 +92,7 @@ class DDTree:
 @dataclass(frozen=True)
 class _Plan:
     base: int  # code radix, max(K, 2) so that a child's code differs from its parent's
-    kept: tuple[int, ...]  # survivors per depth 1..min(D, budget); deeper depths hold no node
-    selects: tuple[bool, ...]  # whether a depth ranks its candidates to keep `kept` of them
+    kept: tuple[int, ...]  # m_d: survivors per depth 1..min(D, budget); deeper depths hold no node
     offsets: tuple[int, ...]  # where each depth's survivors start in the final table (root at 0)
     spine_len: int
 
@@ -114,19 +110,30 @@ def _plan(depth: int, topk: int, budget: int, spine: bool) -> _Plan:
             f"topk {topk} with {levels} draft positions in the tree is too large for the tie-breaking key"
             " (needs max(topk, 2)^min(D, budget) <= 2^30)"
         )
-    kept, selects, offsets = [], [], []
-    parents, offset = 1, 1
+    kept, offsets = [], []
+    survivors, offset = 1, 1
     for d in range(1, levels + 1):
-        candidates = parents * topk
-        # Depth d holds at most budget - d + 1 tree nodes (each brings d - 1 ancestors).
-        # Selecting costs kernels, so small rows go on whole.
-        select = candidates > max(budget, _SMALL_ROW)
-        parents = budget - d + 1 if select else candidates
-        kept.append(parents)
-        selects.append(select)
+        survivors = min(survivors * topk, budget - d + 1)
+        kept.append(survivors)
         offsets.append(offset)
-        offset += parents
-    return _Plan(base, tuple(kept), tuple(selects), tuple(offsets), min(depth, budget) if spine else 0)
+        offset += survivors
+    return _Plan(base, tuple(kept), tuple(offsets), levels if spine else 0)
+
+
+def plan_levels(depth: int, topk: int, budget: int) -> tuple[int, tuple[int, ...]]:
+    """(code radix, survivors per depth 1..min(D, budget)) of a tree shape, for the fused kernel."""
+    plan = _plan(depth, topk, budget, False)
+    return plan.base, plan.kept
+
+
+@lru_cache(maxsize=1)
+def _fused_builder():
+    """tree_kernel.build_ddtree_fused, or None where Triton cannot be imported."""
+    try:
+        from k26_ddtree.tree_kernel import build_ddtree_fused
+    except ImportError:
+        return None
+    return build_ddtree_fused
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,6 @@ class _Constants:
     child_rank: torch.Tensor  # [K] int32: 0..K-1, the code digit of each rank
     spine_keys: torch.Tensor | None  # [T] long: _SPINE_BIT at the root and spine slots, else 0
     node_info: torch.Tensor  # [2, T] long per table slot: depth; token column base
-    slots: torch.Tensor  # [T] long: 0..T-1
     no_parent: torch.Tensor  # 0-dim long -1 (a Python -1 in torch.where costs a fill kernel)
 
 
@@ -151,9 +157,7 @@ def _constants(depth: int, topk: int, budget: int, spine: bool, device: torch.de
     token_base = [-1] + [1 + (d - 1) * topk for d in depths[1:]]
     spine_keys = None
     if plan.spine_len:
-        # The rank-0 chain's prefix is the best of its depth, so it sits in slot 0
-        # of every depth's row: first of a selected (ascending) row, and of a whole
-        # row as the rank-0 child of its parent row's slot 0.
+        # The rank-0 chain's prefix is the best of its depth: slot 0 of every sorted row.
         spine_keys = torch.zeros(size, dtype=torch.long)
         spine_keys[[0, *plan.offsets[: plan.spine_len]]] = _SPINE_BIT
         spine_keys = spine_keys.to(device)
@@ -162,7 +166,6 @@ def _constants(depth: int, topk: int, budget: int, spine: bool, device: torch.de
         child_rank=torch.arange(topk, dtype=torch.int32, device=device),
         spine_keys=spine_keys,
         node_info=torch.tensor([depths, token_base], dtype=torch.long, device=device),
-        slots=torch.arange(size, device=device),
         no_parent=torch.tensor(-1, device=device),
     )
 
@@ -177,38 +180,18 @@ def _codes(keys: torch.Tensor) -> torch.Tensor:
     return keys.view(torch.int32)[..., 0::2]
 
 
-# Above this many key comparisons per call (B * M * M) a segmented sort beats the quadratic
-# count: counting every selection made the H200's B=64, budget 64, K=8 build 3x slower
-# (861 µs) than the earlier all-sort builder (286 µs), while it halves small batches.
-_COUNT_LIMIT = 1 << 21
-
-
-def _counts(keys: torch.Tensor) -> bool:
-    """Rank by counting smaller keys (one broadcast compare, one sum: two kernels
-    whatever the data) rather than by sorting, where the rows are small enough.
-    Never on the CPU, where the quadratic count is far slower than a sort or a top-k."""
-    batch, width = keys.shape
-    return keys.device.type != "cpu" and batch * width * width <= _COUNT_LIMIT
-
-
-def _ranks_by_count(keys: torch.Tensor) -> torch.Tensor:
-    return (keys.unsqueeze(1) < keys.unsqueeze(2)).sum(dim=2)
-
-
-def _ranks(keys: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """[B, M] long: each key's position in its row's ascending order (keys are unique)."""
-    if _counts(keys):
-        return _ranks_by_count(keys)
-    order = keys.argsort(dim=1)
-    return torch.empty_like(order).scatter_(1, order, slots[: keys.shape[1]].expand_as(order))
-
-
-def _smallest(keys: torch.Tensor, count: int) -> torch.Tensor:
-    """[B, count]: the `count` smallest of each row's unique keys, ascending (so the
-    best prefix, the rank-0 chain's, sits in slot 0)."""
-    if _counts(keys):
-        return torch.empty_like(keys).scatter_(1, _ranks_by_count(keys), keys)[:, :count]
-    return keys.topk(count, dim=1, largest=False).values
+def _children(survivors: torch.Tensor, logprobs: torch.Tensor, child_rank: torch.Tensor, base: int) -> torch.Tensor:
+    """[B, P * K] keys of every child of the [B, P] survivor keys, parent-major;
+    logprobs [B, K] are the child depth's float32 log-probs."""
+    batch, parents = survivors.shape
+    topk = logprobs.shape[1]
+    children = torch.empty(batch, parents * topk, dtype=torch.long, device=survivors.device)
+    words = children.view(torch.int32).view(batch, parents, topk, 2)
+    # Subtracting a log-prob <= 0 from a cost >= +0.0 is the float32 sum the reference
+    # heap makes and never yields -0.0, so cost bit patterns stay monotone.
+    torch.sub(_costs(survivors).unsqueeze(2), logprobs.unsqueeze(1), out=words[..., 1].view(torch.float32))
+    torch.add(child_rank, _codes(survivors).unsqueeze(2), alpha=base, out=words[..., 0])
+    return children
 
 
 def _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate: bool) -> int:
@@ -272,6 +255,7 @@ def build_ddtree(
     *,
     spine: bool = False,
     validate: bool = True,
+    fused: bool | None = None,
 ) -> DDTree:
     """Build the DDTree of the `budget` best draft prefixes for every request.
 
@@ -282,47 +266,50 @@ def build_ddtree(
     call can be captured in a CUDA graph; shapes, dtypes and budget are always
     checked, since that costs nothing on the device. The first call for a shape
     and device copies a few constants to it, so make one before capturing.
+    fused: None (default) runs the fused Triton kernel on CUDA tensors when Triton
+    is importable and the torch ops otherwise; True insists on the kernel (its CPU
+    interpreter, TRITON_INTERPRET=1, runs it on CPU tensors); False, the torch ops.
     """
     budget = _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
     batch, depth, topk = top_tokens.shape
     plan = _plan(depth, topk, budget, spine)
-    const = _constants(depth, topk, budget, spine, top_tokens.device)
-    # Subtracting a log-prob <= 0 from a cost >= +0.0 is the float32 sum the reference
-    # heap makes and never yields -0.0, so cost bit patterns stay monotone.
     logprobs = top_logprobs.float()
+    if fused is None:
+        fused = top_tokens.is_cuda and _fused_builder() is not None
+    if fused:
+        if _fused_builder() is None:
+            raise ValueError("fused=True needs Triton, which cannot be imported here")
+        return _fused_builder()(root_tokens, top_tokens, logprobs, budget, spine)
+    const = _constants(depth, topk, budget, spine, top_tokens.device)
 
     survivors = const.root_key.expand(batch, 1)
     levels = [survivors]
-    for d, (kept, select) in enumerate(zip(plan.kept, plan.selects)):
-        parents = survivors.shape[1]
-        candidates = torch.empty(batch, parents * topk, dtype=torch.long, device=top_tokens.device)
-        words = candidates.view(torch.int32).view(batch, parents, topk, 2)
-        torch.sub(_costs(survivors).unsqueeze(2), logprobs[:, d, None, :], out=words[..., 1].view(torch.float32))
-        torch.add(const.child_rank, _codes(survivors).unsqueeze(2), alpha=plan.base, out=words[..., 0])
-        survivors = _smallest(candidates, kept) if select else candidates
+    for d, kept in enumerate(plan.kept):
+        children = _children(survivors, logprobs[:, d], const.child_rank, plan.base)
+        # One parent's children come in rank order, which is key order.
+        survivors = (children if survivors.shape[1] == 1 else children.sort(dim=1).values)[:, :kept]
         levels.append(survivors)
 
     table = torch.cat(levels, dim=1)
+    if const.spine_keys is not None:
+        table = table + const.spine_keys
     n = budget + 1
-    ranks = _ranks(table if const.spine_keys is None else table + const.spine_keys, const.slots)
-    keys = torch.empty_like(table).scatter_(1, ranks, table)[:, :n]
-    size = table.shape[1]
-    info = torch.empty(2, batch, size, dtype=torch.long, device=table.device).scatter_(
-        2, ranks.expand(2, batch, size), const.node_info.unsqueeze(1).expand(2, batch, size)
-    )[:, :, :n]
+    keys, slots = (t[:, :n] for t in table.sort(dim=1))
+    info = const.node_info[:, slots]
 
     codes = _codes(keys)
-    parent_codes = codes // plan.base
     token_index = info[1] + codes % plan.base
     tokens = torch.cat([root_tokens.unsqueeze(1), top_tokens.reshape(batch, depth * topk)], dim=1).gather(1, token_index)
     # The root's parent code 0 names no node; every other node's names exactly one.
-    found, parents = (parent_codes.unsqueeze(2) == codes.unsqueeze(1)).max(dim=2)
+    found, parents = (codes.unsqueeze(2) // plan.base == codes.unsqueeze(1)).max(dim=2)
+    # A spine key's cost word carries the spine bit as its sign.
+    costs = _costs(keys).abs() if const.spine_keys is not None else _costs(keys)
 
     return DDTree(
         tokens=tokens,
         parents=torch.where(found, parents, const.no_parent),
         depths=info[0],
-        node_logws=0.0 - _costs(keys),
+        node_logws=0.0 - costs,
         max_depth=depth,
         best_first=True,
     )

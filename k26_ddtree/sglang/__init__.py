@@ -12,19 +12,25 @@ One decode step (spec v1, no overlap scheduler), DFlashWorker.forward_batch_gene
     for the block). Unchanged from DFlash.
  2. draft.draft_tree: top-K tokens and log-probs per draft position from the
     draft hidden states through the target lm_head (vocab-sharded under TP:
-    per-shard top-K + all_gather + global log-sum-exp); the oracle (tests
-    only) may rewrite them; k26_ddtree.tree.build_ddtree(validate=False)
-    turns them into a tree of budget + 1 nodes per request, root = verified_id.
- 3. verify_input.DDTreeVerifyInput (a DFlashVerifyInput): tokens = the tree's
-    nodes, positions = prefix + depth; prepare_for_verify allocates bs * N
-    KV slots and builds the triton custom mask (per request N rows of
-    prefix + N: prefix visible, then the ancestor mask).
+    per-shard top-K + all_gather + global log-sum-exp), eager; the oracle
+    (tests only) may rewrite them; then step_graphs.StepGraphs replays, in
+    one CUDA graph per batch size (eager where SGLang runs eager), the tree
+    build (k26_ddtree.tree.build_ddtree, validate=False: budget + 1 nodes per
+    request, root = verified_id), its ancestor mask and positions (prefix +
+    depth): a StepTree.
+ 3. verify_input.DDTreeVerifyInput.from_step (a DFlashVerifyInput): tokens =
+    the tree's nodes, positions from the StepTree; prepare_for_verify
+    allocates bs * N KV slots and builds the triton custom mask from the
+    StepTree's ancestor mask (per request N rows of prefix + N: prefix
+    visible, then the ancestor mask).
  4. The target verify forward: unchanged call; its CUDA graph, logits buffer
     and triton buffers are sized for N = budget + 1 because the target's
     speculative_num_draft_tokens is budget + 1.
- 5. DDTreeVerifyInput.verify: greedy walk or the tree sampling kernel gives the
-    accepted path and bonus; tokens are appended to each request as DFlash
-    does; the path's KV slots are written to req_to_token in depth order, the
+ 5. DDTreeVerifyInput.verify: greedy, the argmax (eager) then the walk and
+    its packing in the batch size's second graph (StepTree.greedy_packed);
+    sampling, the tree sampling kernel, eager; either gives the accepted path
+    and bonus in one packed tensor, copied to the host once; tokens are
+    appended to each request as DFlash does; the path's KV slots are written to req_to_token in depth order, the
     rest freed; the target hidden states at the path nodes become the next
     draft context. Returns DFlash's 4-tuple, so the worker's tail (draft KV
     append, sliding window, metrics) is unchanged.
@@ -44,8 +50,9 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 buffers added to the static-memory reserve.
   speculative/dflash_worker.py  __init__: draft args get the block (args.apply_to_draft_args),
                                 block_size from args.draft_block_size, hybrid-model
-                                check, oracle; _prepare_for_speculative_decoding: the tree
-                                instead of the argmax chain.
+                                check, oracle, the StepGraphs cache;
+                                _prepare_for_speculative_decoding: the tree instead of
+                                the argmax chain.
   model_executor/model_runner_kv_cache_mixin.py
                                 _init_pools: req_to_token rows get args.req_to_token_extra
                                 columns past the context (the draft block and the tree
@@ -67,9 +74,10 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 buffers.triton_graph_sizes (per request, not per verified
                                 token, for the TARGET_VERIFY-only DFlash runners).
 
-Graph mode: the draft graph's hidden states are consumed (lm_head matmul) and
-the target graph's logits and hidden states are consumed (argmax / probs, index
-copies) within the step that produced them, before either graph replays again.
-Eager mode (--disable-cuda-graph, or batches above cuda-graph-max-bs) runs the
-same code with the same sizes.
+Graph mode: the draft graph's hidden states are consumed (lm_head matmul), the
+step graphs' tree, mask, positions and packed result and the target graph's
+logits and hidden states are consumed (argmax / probs, index copies) within the
+step that produced them, before any of these graphs replays again. Eager mode
+(--disable-cuda-graph, or batches above cuda-graph-max-bs) runs the same code
+with the same sizes.
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from k26_ddtree.tree import DDTree, build_ddtree
+from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
 
 ROWS_PER_CHUNK = 256
 
@@ -124,12 +124,26 @@ def topk_logprobs(
     )
 
 
-def draft_tree(config, verified_id: torch.Tensor, draft_hidden: torch.Tensor, lm_head, tp_group, oracle=None, reqs=None) -> DDTree:
-    """The DDTree of one decode step.
+def draft_tree(
+    config,
+    verified_id: torch.Tensor,
+    draft_hidden: torch.Tensor,
+    lm_head,
+    tp_group,
+    *,
+    prefix_lens: torch.Tensor,
+    graphs: StepGraphs,
+    oracle=None,
+    reqs=None,
+) -> StepTree:
+    """The DDTree of one decode step, with its ancestor mask and positions.
 
     config        DDTreeConfig
     verified_id   [B] the last committed token, the root of every tree
     draft_hidden  [B, block_size, H] the draft block's hidden states; position 0 is the root's
+    prefix_lens   [B] committed tokens with KV in the target cache; the root sits at position prefix_len
+    graphs        the worker's StepGraphs: the tree is built in its CUDA graph for this batch size,
+                  or eagerly where it falls back
     oracle        test-only Oracle rewriting the top-K of the requests it knows (None: off)
     """
     batch, block, hidden_size = draft_hidden.shape
@@ -140,6 +154,4 @@ def draft_tree(config, verified_id: torch.Tensor, draft_hidden: torch.Tensor, lm
     logprobs = logprobs.view(batch, block - 1, config.topk)
     if oracle is not None:
         tokens, logprobs = oracle.rewrite(reqs, tokens, logprobs)
-    return build_ddtree(
-        verified_id.to(torch.long), tokens, logprobs, config.budget, spine=config.spine, validate=False
-    )
+    return graphs.draft(verified_id, tokens, logprobs, prefix_lens, config.budget, config.spine)

@@ -7,8 +7,11 @@ block. What differs from DFlash:
 
 prepare   positions = prefix length + node depth; the triton custom mask is,
           per request, N rows of (prefix + N) entries, row-major (DFlash's
-          layout): the whole prefix, then the tree's ancestor mask.
-accept    greedy: the torch walk `verify_greedy` over the target's argmax;
+          layout): the whole prefix, then the tree's ancestor mask. Positions
+          and ancestor mask come with the tree (step_graphs.StepTree, built in
+          the draft step's CUDA graph where there is one).
+accept    greedy: the torch walk `verify_greedy` over the target's argmax, in
+          the verify CUDA graph of step_graphs where there is one;
           sampling: sgl_kernel's `tree_speculative_sampling_target_only` with
           the DDTree's retrieve arrays, draft_probs zeroed on every call (the
           kernel writes rejected siblings' mass into it) and both thresholds 1,
@@ -20,7 +23,8 @@ commit    the accepted path's KV slots stay, in depth order, at req_to_token
           only to its ancestors, so its KV is what an autoregressive step writes.
 
 Everything returned is a fresh tensor (index copies), never a view into the
-CUDA-graph output buffers, which the next replay overwrites.
+CUDA-graph output buffers (the target's and step_graphs'), which the next
+replay overwrites.
 
 Host syncs per step: one device -> host copy (tokens, path and accept length
 together) for the per-request loop DFlash also has, then one host -> device
@@ -37,9 +41,10 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from k26_ddtree.retrieve import compile_ddtree_retrieve, tree_attention_mask
+from k26_ddtree.retrieve import compile_ddtree_retrieve
+from k26_ddtree.sglang.step_graphs import StepTree, pack_acceptance
 from k26_ddtree.tree import DDTree
-from k26_ddtree.verify import Acceptance, committed_tokens, verify_greedy, verify_sampling
+from k26_ddtree.verify import Acceptance, verify_sampling
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.mem_cache.common import alloc_token_slots
 from sglang.srt.speculative import dflash_utils
@@ -205,19 +210,26 @@ def _apply_logit_adjustments(logits: torch.Tensor, sampling_info, batch_size: in
 class DDTreeVerifyInput(DFlashVerifyInput):
     """DFlash's verify input carrying a DDTree: draft_token_num = budget + 1 nodes per request."""
 
-    tree: Optional[DDTree] = None
+    step: Optional[StepTree] = None
+
+    @property
+    def tree(self) -> DDTree:
+        return self.step.tree
+
+    @classmethod
+    def from_step(cls, step: StepTree) -> DDTreeVerifyInput:
+        return cls(
+            draft_token=step.tree.tokens.reshape(-1),
+            positions=step.positions.reshape(-1),
+            draft_token_num=step.tree.num_nodes,
+            step=step,
+        )
 
     @classmethod
     def from_tree(cls, tree: DDTree, prefix_lens: torch.Tensor) -> DDTreeVerifyInput:
         """prefix_lens [B]: committed tokens with KV in the target cache (batch.seq_lens);
         the root (the last committed token) sits at position prefix_len."""
-        positions = prefix_lens.to(torch.int64).unsqueeze(1) + tree.depths
-        return cls(
-            draft_token=tree.tokens.reshape(-1),
-            positions=positions.reshape(-1),
-            draft_token_num=tree.num_nodes,
-            tree=tree,
-        )
+        return cls.from_step(StepTree.of_tree(tree, prefix_lens))
 
     def prepare_for_verify(self, batch, page_size: int, *, build_custom_mask: bool = True):
         if batch.forward_mode.is_idle():
@@ -237,9 +249,11 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         cols = batch.seq_lens.to(torch.int64).unsqueeze(1) + torch.arange(n, device=req_to_token.device)
         rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1)
         req_to_token[rows, cols] = batch.out_cache_loc.view(bs, n).to(req_to_token.dtype)
-        self.custom_mask = verify_custom_mask(tree_attention_mask(self.tree), batch.seq_lens, batch.seq_lens_cpu)
+        self.custom_mask = verify_custom_mask(self.step.ancestor, batch.seq_lens, batch.seq_lens_cpu)
 
-    def _accept(self, batch, logits: torch.Tensor) -> Acceptance:
+    def _accept(self, batch, logits: torch.Tensor) -> torch.Tensor:
+        """[B, 2 * (D + 1) + 1] long: committed tokens, accepted path, accept length
+        (step_graphs.pack_acceptance)."""
         bs = batch.batch_size()
         n = self.draft_token_num
         sampling_info = batch.sampling_info
@@ -248,11 +262,13 @@ class DDTreeVerifyInput(DFlashVerifyInput):
                 raise RuntimeError(f"DDTree verify: len(sampling_info)={len(sampling_info)} but bs={bs}")
             _apply_logit_adjustments(logits, sampling_info, bs, n)
         if sampling_info is None or sampling_info.is_all_greedy:
-            return verify_greedy(self.tree, torch.argmax(logits, dim=-1).view(bs, n))
+            return self.step.greedy_packed(torch.argmax(logits, dim=-1).view(bs, n))
         probs = target_probs(logits, sampling_info, n)
         if dflash_utils.is_dflash_sampling_verify_available():
-            return kernel_sampling(self.tree, probs, dflash_utils.tree_speculative_sampling_target_only)
-        return verify_sampling(self.tree, probs)
+            acc = kernel_sampling(self.tree, probs, dflash_utils.tree_speculative_sampling_target_only)
+        else:
+            acc = verify_sampling(self.tree, probs)
+        return pack_acceptance(self.tree, acc)
 
     def verify(self, *, batch, logits_output, page_size: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int]]:
         """Same contract as DFlashVerifyInput.verify: (new_verified_id [B] i64,
@@ -265,11 +281,9 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         n = self.draft_token_num
         logits = logits_output.next_token_logits
         device = logits.device
-        acc = self._accept(batch, logits)
-
         # The one device -> host copy of the step: committed tokens, accepted path, accept length.
-        width = acc.path.shape[1]
-        packed = torch.cat([committed_tokens(self.tree, acc), acc.path, acc.accept_len.unsqueeze(1)], dim=1)
+        packed = self._accept(batch, logits)
+        width = (packed.shape[1] - 1) // 2
         commit_lens_cpu: List[int] = []
         accepted_cpu: List[int] = []
         new_verified: List[int] = []

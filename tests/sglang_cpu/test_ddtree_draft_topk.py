@@ -102,6 +102,7 @@ def test_single_rank_without_group_matches_log_softmax(patched_sglang):
 def test_draft_tree_builds_from_the_block_hidden_states(patched_sglang):
     from k26_ddtree.sglang.args import DDTreeConfig
     from k26_ddtree.sglang.draft import draft_tree
+    from k26_ddtree.sglang.step_graphs import StepGraphs
 
     gen = torch.Generator().manual_seed(3)
     full_weight = torch.randn(200, 16, generator=gen)
@@ -109,10 +110,13 @@ def test_draft_tree_builds_from_the_block_hidden_states(patched_sglang):
     config = DDTreeConfig(budget=10, topk=3, spine=True, block_size=5)
     draft_hidden = torch.randn(2, 5, 16, generator=gen)
     root = torch.tensor([11, 12])
-    tree = draft_tree(config, root, draft_hidden, head, tp_group=None)
+    prefix_lens = torch.tensor([3, 9])
+    step = draft_tree(config, root, draft_hidden, head, None, prefix_lens=prefix_lens, graphs=StepGraphs(max_bs=0))
+    tree = step.tree
     assert tree.tokens.shape == (2, 11)
     assert torch.equal(tree.tokens[:, 0], root)
     top1 = (draft_hidden[:, 1:] @ full_weight.T).argmax(dim=2)
     # spine: the top-1 chain is nodes 1..4 in depth order
     assert torch.equal(tree.tokens[:, 1:5], top1)
     assert torch.equal(tree.depths[:, 1:5], torch.arange(1, 5).expand(2, 4))
+    assert torch.equal(step.positions, prefix_lens.unsqueeze(1) + tree.depths)

@@ -355,15 +355,17 @@ def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
     verify_input = DDTreeVerifyInput.from_tree(tree, torch.zeros(draws, dtype=torch.long))
     batch = SimpleNamespace(batch_size=lambda: draws, sampling_info=FakeSamplingInfo(draws, temperature, vocab))
     torch.manual_seed(1)
-    acc = verify_input._accept(batch, logits)
-    tokens = torch.where(acc.accept_len > 0, tree.tokens[0, acc.path[:, 1].clamp(min=0)], acc.next_token)
+    packed = verify_input._accept(batch, logits)
+    width = (packed.shape[1] - 1) // 2
+    committed, path, accept_len = packed[:, :width], packed[:, width:-1], packed[:, -1]
+    tokens = committed[:, 0]
 
     law = torch.softmax(node_logits / temperature, dim=1)
     freq = torch.bincount(tokens, minlength=vocab).float() / draws
     assert torch.allclose(freq, law[0], atol=0.01)
     # second token given first = 1 follows node 1's law (its child 3 included)
-    after_one = acc.accept_len > 0
-    after_one &= acc.path[:, 1] == 1
-    second = torch.where(acc.accept_len > 1, 3, acc.next_token)[after_one]
+    after_one = (accept_len > 0) & (path[:, 1] == 1)
+    second = committed[:, 1][after_one]
+    assert torch.equal(second == 3, accept_len[after_one] > 1), "token 3 is node 1's child, so it is accepted"
     freq2 = torch.bincount(second, minlength=vocab).float() / second.numel()
     assert torch.allclose(freq2, law[1], atol=0.02)

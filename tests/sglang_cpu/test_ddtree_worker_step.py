@@ -63,6 +63,7 @@ def draft_logits(rows):
 
 def make_worker(patched_sglang, monkeypatch, draft_hidden):
     from k26_ddtree.sglang.args import DDTreeConfig
+    from k26_ddtree.sglang.step_graphs import StepGraphs
     from sglang.srt.speculative import dflash_worker
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -93,6 +94,7 @@ def make_worker(patched_sglang, monkeypatch, draft_hidden):
     worker.block_size = BLOCK
     worker.ddtree = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
     worker._ddtree_oracle = None
+    worker._ddtree_graphs = StepGraphs(max_bs=0)
     worker._mask_token_id = MASK_ID
     worker._warned_sampling_fallback = False
     worker._block_pos_offsets = torch.arange(BLOCK)

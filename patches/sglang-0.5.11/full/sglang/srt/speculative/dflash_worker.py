@@ -8,6 +8,7 @@ import torch
 from k26_ddtree.sglang import args as ddtree_args
 from k26_ddtree.sglang.draft import draft_tree
 from k26_ddtree.sglang.oracle import Oracle
+from k26_ddtree.sglang.step_graphs import StepGraphs
 from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
@@ -208,6 +209,7 @@ class DFlashWorker:
             )
 
         self._ddtree_oracle = None
+        self._ddtree_graphs = None
         if self.ddtree is not None:
             ddtree_args.check_target_runner(
                 self.model_runner,
@@ -215,6 +217,7 @@ class DFlashWorker:
                 topk=self.ddtree.topk,
             )
             self._ddtree_oracle = Oracle.from_env()
+            self._ddtree_graphs = StepGraphs.for_server(server_args, self.device)
             if self.tp_rank == 0:
                 logger.info(
                     "DDTree verify: %s, oracle drafter %s.",
@@ -691,16 +694,18 @@ class DFlashWorker:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
         draft_hidden = draft_hidden.view(bs, self.block_size, -1)
         if self.ddtree is not None:
-            tree = draft_tree(
+            step = draft_tree(
                 self.ddtree,
                 block_ids[:, 0],
                 draft_hidden,
                 lm_head,
                 get_tp_group(),
+                prefix_lens=batch.seq_lens,
+                graphs=self._ddtree_graphs,
                 oracle=self._ddtree_oracle,
                 reqs=batch.reqs,
             )
-            verify_input = DDTreeVerifyInput.from_tree(tree, batch.seq_lens)
+            verify_input = DDTreeVerifyInput.from_step(step)
         else:
             draft_next = self._greedy_sample_from_vocab_parallel_head(
                 hidden_states=draft_hidden[:, 1:, :].reshape(-1, draft_hidden.shape[-1]),

@@ -1,0 +1,190 @@
+"""CUDA graphs for the fixed-shape DDTree work of a decode step, one pair per batch size.
+
+Between the draft model's graph and the target's graph a DDTree step runs a
+few hundred small kernels (tree build, ancestor mask, positions; then the
+greedy walk and the packing of its result). Launched eagerly, their host
+dispatch makes a step CPU-bound, so both pieces are captured once per shape
+and replayed:
+
+  draft   (root [B], top_tokens [B, D, K], top_logprobs [B, D, K], prefix_lens [B])
+          -> the DDTree, its ancestor mask [B, N, N] bool, positions [B, N] long
+  verify  target_next [B, N] long -> packed [B, 2 * (D + 1) + 1] long: committed
+          tokens, accepted path, accept length (the one row per request the host reads),
+          walked on the tree the draft graph of the same step produced.
+
+Top-K (it has the TP all_gather), the oracle, the argmax and sampling stay eager.
+Graphs are captured lazily, the first time a shape is seen, all into one memory
+pool; the eager path (same functions, same results) serves the CPU, servers run
+with --disable-cuda-graph, batches above --cuda-graph-max-bs and empty batches.
+
+WHY static outputs are safe: a replay overwrites the previous replay's outputs
+of the same shape. DFlash runs spec v1 without the overlap scheduler, so draft,
+target verify and commit of one step finish, in order, before the next step's
+draft replays. Everything that outlives the step (committed tokens, KV slots,
+hidden states, the custom mask) is copied out of these buffers within it; the
+verify input holding them is dropped at the end of the step, and
+batch.input_ids, a view of the tree tokens, is set anew by the next step's
+prepare right after the replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from k26_ddtree.retrieve import tree_attention_mask, tree_positions
+from k26_ddtree.tree import DDTree, build_ddtree
+from k26_ddtree.verify import Acceptance, committed_tokens, verify_greedy
+
+logger = logging.getLogger(__name__)
+
+
+def pack_acceptance(tree: DDTree, acc: Acceptance) -> torch.Tensor:
+    """[B, 2 * (D + 1) + 1] long: committed tokens (-1 padded), accepted path (-1 padded), accept length."""
+    return torch.cat([committed_tokens(tree, acc), acc.path, acc.accept_len.unsqueeze(1)], dim=1)
+
+
+def greedy_packed(tree: DDTree, target_next: torch.Tensor) -> torch.Tensor:
+    """pack_acceptance of the greedy walk; target_next [B, N] long is the target's argmax per node."""
+    return pack_acceptance(tree, verify_greedy(tree, target_next))
+
+
+@dataclass
+class StepTree:
+    """One decode step's tree and what the target verify needs from it.
+
+    tree       the DDTree (build_ddtree, validate=False)
+    ancestor   [B, N, N] bool tree_attention_mask(tree)
+    positions  [B, N] long prefix length + depth
+    graphs     the captured graphs these tensors are outputs of; None when eager
+    """
+
+    tree: DDTree
+    ancestor: torch.Tensor
+    positions: torch.Tensor
+    graphs: _ShapeGraphs | None = None
+
+    @classmethod
+    def of_tree(cls, tree: DDTree, prefix_lens: torch.Tensor) -> StepTree:
+        """The eager StepTree of any tree (hand-made ones included); prefix_lens [B]."""
+        return cls(tree, tree_attention_mask(tree), tree_positions(tree, prefix_lens))
+
+    def greedy_packed(self, target_next: torch.Tensor) -> torch.Tensor:
+        """greedy_packed(self.tree, target_next); from a graph, a static buffer valid until the next step."""
+        if self.graphs is None:
+            return greedy_packed(self.tree, target_next)
+        return self.graphs.verify(target_next)
+
+
+def eager_step(
+    root: torch.Tensor,
+    top_tokens: torch.Tensor,
+    top_logprobs: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    budget: int,
+    spine: bool,
+) -> StepTree:
+    """The draft piece run eagerly: what a graph replay gives, from the same functions."""
+    tree = build_ddtree(root, top_tokens, top_logprobs, budget, spine=spine, validate=False)
+    return StepTree.of_tree(tree, prefix_lens)
+
+
+class _ShapeGraphs:
+    """The draft and verify graphs of one (B, D, K, budget, spine), with their static buffers."""
+
+    def __init__(self, root, top_tokens, top_logprobs, prefix_lens, budget: int, spine: bool, pool):
+        batch, _, _ = top_tokens.shape
+        device = top_tokens.device
+        self.root = root.to(torch.long, copy=True)
+        self.top_tokens = top_tokens.to(torch.long, copy=True)
+        self.top_logprobs = top_logprobs.to(torch.float32, copy=True)
+        self.prefix_lens = prefix_lens.to(torch.long, copy=True)
+        self.target_next = torch.zeros(batch, budget + 1, dtype=torch.long, device=device)
+
+        def draft() -> StepTree:
+            return eager_step(self.root, self.top_tokens, self.top_logprobs, self.prefix_lens, budget, spine)
+
+        # Warm-up on a side stream, as capture requires; it also makes build_ddtree's
+        # per-shape device constants, which must exist before capture.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            greedy_packed(draft().tree, self.target_next)
+        torch.cuda.current_stream(device).wait_stream(side)
+
+        # thread_local: capture happens while the server runs; a CUDA call from another
+        # thread of the process must neither fail nor invalidate this capture.
+        self.draft_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.draft_graph, pool=pool, capture_error_mode="thread_local"):
+            step = draft()
+        self.tree, self.ancestor, self.positions = step.tree, step.ancestor, step.positions
+        self.verify_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.verify_graph, pool=pool, capture_error_mode="thread_local"):
+            self.packed = greedy_packed(self.tree, self.target_next)
+
+    def draft(self, root, top_tokens, top_logprobs, prefix_lens) -> StepTree:
+        self.root.copy_(root)
+        self.top_tokens.copy_(top_tokens)
+        self.top_logprobs.copy_(top_logprobs)
+        self.prefix_lens.copy_(prefix_lens)
+        self.draft_graph.replay()
+        return StepTree(self.tree, self.ancestor, self.positions, self)
+
+    def verify(self, target_next: torch.Tensor) -> torch.Tensor:
+        self.target_next.copy_(target_next)
+        self.verify_graph.replay()
+        return self.packed
+
+
+class StepGraphs:
+    """Per-shape cache of the DDTree step graphs of one worker (one per TP rank).
+
+    max_bs: the largest batch replayed from a graph; larger batches, and every
+    batch when max_bs is 0, run eagerly.
+    """
+
+    def __init__(self, max_bs: int):
+        self.max_bs = max_bs
+        self._graphs: dict[tuple, _ShapeGraphs] = {}
+        self._pool = None
+
+    @classmethod
+    def for_server(cls, server_args, device) -> StepGraphs:
+        """Graphs exactly where SGLang replays its own: CUDA, graphs on, batch <= cuda_graph_max_bs."""
+        on = torch.device(device).type == "cuda" and not server_args.disable_cuda_graph
+        return cls(int(server_args.cuda_graph_max_bs or 0) if on else 0)
+
+    @property
+    def captured(self) -> int:
+        """How many shapes have their graphs."""
+        return len(self._graphs)
+
+    def draft(
+        self,
+        root: torch.Tensor,
+        top_tokens: torch.Tensor,
+        top_logprobs: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        budget: int,
+        spine: bool,
+    ) -> StepTree:
+        """root [B], top_tokens [B, D, K] long, top_logprobs [B, D, K] float, prefix_lens [B]
+        -> this step's StepTree (static buffers when replayed from a graph)."""
+        batch = top_tokens.shape[0]
+        if not (top_tokens.is_cuda and 0 < batch <= self.max_bs):
+            return eager_step(root.to(torch.long), top_tokens, top_logprobs, prefix_lens, budget, spine)
+        # Buffers are made and written under the caller's grad mode, on purpose: SGLang keeps
+        # one mode for every step (no_grad, or inference mode with SGLANG_ENABLE_TORCH_INFERENCE_MODE),
+        # and an inference tensor handed to its code outside inference mode could not be
+        # written in place there.
+        key = (*top_tokens.shape, budget, spine)
+        graphs = self._graphs.get(key)
+        if graphs is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graphs = _ShapeGraphs(root, top_tokens, top_logprobs, prefix_lens, budget, spine, self._pool)
+            self._graphs[key] = graphs
+            logger.info("DDTree step graphs captured for batch size %d (%d captured).", batch, self.captured)
+        return graphs.draft(root, top_tokens, top_logprobs, prefix_lens)

@@ -1,0 +1,57 @@
+"""The fused Triton builder against the torch builder and the heap reference, run by
+test_core_tree_kernel.py in a subprocess with TRITON_INTERPRET=1 (Triton's CPU
+interpreter reads that variable when it is imported, so it cannot be set in the
+pytest process). Prints one line per failing case; exit code 1 if any failed."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from core_cases import draft_inputs
+
+from k26_ddtree.reference import heap_ddtree
+from k26_ddtree.tree import build_ddtree, max_budget
+
+FIELDS = ("tokens", "parents", "depths", "node_logws")
+# (D, K, budgets): chains, full trees (budget = every prefix), the server's shapes, a block-16 drafter.
+CASES = [
+    (1, 1, (1,)),
+    (2, 3, (1, 5, 12)),
+    (7, 1, (1, 3, 7)),
+    (3, 4, (2, 16, 84)),
+    (7, 4, (8, 33)),
+    (7, 8, (8, 64)),
+    (15, 2, (24,)),
+]
+VARIANTS = ((False, 0.0), (True, 0.5), (False, 0.25))  # (spine, tie_step)
+
+
+def same(got, want) -> bool:
+    return all(
+        getattr(got, f).dtype == getattr(want, f).dtype and torch.equal(getattr(got, f), getattr(want, f))
+        for f in FIELDS
+    )
+
+
+def main() -> int:
+    gen = torch.Generator().manual_seed(3)
+    failures = checked = 0
+    for depth, topk, budgets in CASES:
+        for budget in budgets:
+            assert budget <= max_budget(depth, topk)
+            # The interpreter runs a program in about a second: the larger shapes get one variant each.
+            for spine, tie_step in VARIANTS if budget < 16 else VARIANTS[(budget + depth) % 3 :][:1]:
+                args = draft_inputs(gen, 2, depth, topk, tie_step=tie_step)
+                fused = build_ddtree(*args, budget, spine=spine, fused=True)
+                checked += 1
+                if not (same(fused, build_ddtree(*args, budget, spine=spine, fused=False))
+                        and same(fused, heap_ddtree(*args, budget, spine=spine))):
+                    failures += 1
+                    print(f"MISMATCH D={depth} K={topk} budget={budget} spine={spine} tie_step={tie_step}")
+    print(f"{checked - failures}/{checked} cases agree")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The fused Triton builder (tree_kernel.py), run on the CPU by Triton's interpreter;
+on a GPU, test_core_tree.py's CUDA test and tests/gpu/graph_check.py run it for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_fused_kernel_matches_torch_builder_and_heap_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parents[1])]))
+    done = subprocess.run(
+        [sys.executable, str(HERE / "kernel_cases.py")], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cases agree" in done.stdout
+

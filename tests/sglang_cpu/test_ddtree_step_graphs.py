@@ -1,0 +1,134 @@
+"""step_graphs: the eager fallback equals the plain functions, when it is taken, and (on a
+GPU only, through tests/gpu/graph_check.py) graph replay equals the eager step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from k26_ddtree.budget import max_budget
+from k26_ddtree.retrieve import tree_attention_mask, tree_positions
+from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
+from k26_ddtree.tree import build_ddtree
+from k26_ddtree.verify import committed_tokens, verify_greedy
+
+GRAPH_CHECK = Path(__file__).resolve().parents[1] / "gpu" / "graph_check.py"
+DEPTH = 7
+VOCAB = 40
+
+CASES = [
+    (batch, topk, budget, spine)
+    for batch in (1, 3, 16)
+    for topk in (1, 4, 8)
+    for budget in (1, 7, 64)
+    for spine in (False, True)
+    if budget <= max_budget(DEPTH, topk)
+]
+
+
+def draft_inputs(gen: torch.Generator, batch: int, topk: int):
+    """(root, top_tokens, top_logprobs, prefix_lens); log-probs on a 0.5 grid, so scores tie."""
+    logits = torch.randn(batch, DEPTH, VOCAB, generator=gen) * 2.0
+    logprobs = torch.log_softmax(logits, dim=-1).topk(topk, dim=-1).values
+    logprobs = ((logprobs / 0.5).round() * 0.5).sort(dim=-1, descending=True).values.clamp(max=0.0)
+    tokens = torch.argsort(torch.rand(batch, DEPTH, VOCAB, generator=gen), dim=-1)[..., :topk]
+    root = torch.randint(0, VOCAB, (batch,), generator=gen)
+    return root, tokens, logprobs, torch.randint(0, 500, (batch,), generator=gen)
+
+
+def walked_target(gen: torch.Generator, tree) -> torch.Tensor:
+    """[B, N]: mostly the token of one of the node's children (walks go deep), else noise."""
+    batch, n = tree.parents.shape
+    is_child = tree.parents.unsqueeze(1) == torch.arange(n).view(1, n, 1)
+    child = ((torch.rand(batch, n, n, generator=gen) + 1.0) * is_child).argmax(dim=2)
+    follow = is_child.any(dim=2) & (torch.rand(batch, n, generator=gen) < 0.8)
+    return torch.where(follow, tree.tokens.gather(1, child), torch.randint(0, VOCAB, (batch, n), generator=gen))
+
+
+@pytest.mark.parametrize("batch,topk,budget,spine", CASES)
+def test_eager_fallback_equals_the_plain_functions(batch, topk, budget, spine):
+    gen = torch.Generator().manual_seed(batch * 1000 + topk * 100 + budget * 2 + spine)
+    graphs = StepGraphs(max_bs=64)
+    for _ in range(2):
+        root, tokens, logprobs, prefix_lens = draft_inputs(gen, batch, topk)
+        step = graphs.draft(root, tokens, logprobs, prefix_lens, budget, spine)
+        want = build_ddtree(root, tokens, logprobs, budget, spine=spine)
+        assert step.graphs is None
+        for name in ("tokens", "parents", "depths", "node_logws"):
+            assert torch.equal(getattr(step.tree, name), getattr(want, name)), name
+        assert step.tree.max_depth == DEPTH and step.tree.best_first
+        assert torch.equal(step.ancestor, tree_attention_mask(want))
+        assert torch.equal(step.positions, tree_positions(want, prefix_lens))
+
+        target_next = walked_target(gen, want)
+        acc = verify_greedy(want, target_next)
+        packed = step.greedy_packed(target_next)
+        assert packed.shape == (batch, 2 * (DEPTH + 1) + 1)
+        want_packed = torch.cat([committed_tokens(want, acc), acc.path, acc.accept_len.unsqueeze(1)], dim=1)
+        assert torch.equal(packed, want_packed)
+    assert graphs.captured == 0, "nothing is captured off CUDA"
+
+
+def test_walks_in_the_tests_accept_deep_paths():
+    """The target of the equality test follows the tree often enough to test long paths."""
+    gen = torch.Generator().manual_seed(0)
+    root, tokens, logprobs, prefix_lens = draft_inputs(gen, 16, 4)
+    step = StepGraphs(max_bs=0).draft(root, tokens, logprobs, prefix_lens, 64, False)
+    assert int(step.greedy_packed(walked_target(gen, step.tree))[:, -1].max()) >= 3
+
+
+def test_the_step_needs_no_host_sync():
+    """On the meta device (no data) any host sync fails: the draft and verify pieces are
+    capturable at fixed shapes."""
+    meta = dict(device="meta")
+    step = StepGraphs(max_bs=8).draft(
+        torch.zeros(4, dtype=torch.long, **meta),
+        torch.zeros(4, DEPTH, 8, dtype=torch.long, **meta),
+        torch.zeros(4, DEPTH, 8, **meta),
+        torch.zeros(4, dtype=torch.long, **meta),
+        64,
+        True,
+    )
+    assert step.ancestor.shape == (4, 65, 65) and step.positions.shape == (4, 65)
+    packed = step.greedy_packed(torch.zeros(4, 65, dtype=torch.long, **meta))
+    assert packed.shape == (4, 2 * (DEPTH + 1) + 1) and packed.device.type == "meta"
+
+
+def test_hand_made_trees_get_an_eager_step():
+    """StepTree.of_tree: what DDTreeVerifyInput.from_tree uses for trees not from the builder."""
+    gen = torch.Generator().manual_seed(5)
+    root, tokens, logprobs, prefix_lens = draft_inputs(gen, 3, 4)
+    tree = build_ddtree(root, tokens, logprobs, 16)
+    step = StepTree.of_tree(tree, prefix_lens)
+    assert step.graphs is None
+    assert torch.equal(step.ancestor, tree_attention_mask(tree))
+    assert torch.equal(step.positions, prefix_lens.unsqueeze(1) + tree.depths)
+
+
+def server_args(disable_cuda_graph=False, cuda_graph_max_bs=24):
+    return SimpleNamespace(disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs)
+
+
+@pytest.mark.parametrize(
+    "args,device,max_bs",
+    [
+        (server_args(), "cuda:0", 24),
+        (server_args(), torch.device("cuda", 1), 24),
+        (server_args(disable_cuda_graph=True), "cuda", 0),
+        (server_args(cuda_graph_max_bs=None), "cuda", 0),
+        (server_args(), "cpu", 0),
+    ],
+)
+def test_graphs_only_where_sglang_replays_its_own(args, device, max_bs):
+    assert StepGraphs.for_server(args, device).max_bs == max_bs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_replay_matches_eager_on_the_gpu():
+    done = subprocess.run([sys.executable, str(GRAPH_CHECK)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
