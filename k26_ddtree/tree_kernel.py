@@ -150,7 +150,8 @@ def build_ddtree_fused(
     logws = torch.empty(batch, n, dtype=torch.float32, device=device)
     if batch:
         _build_kernel[(batch,)](
-            root_tokens,
+            # The kernel indexes flat rows; a root column sliced out of a block is strided.
+            root_tokens.contiguous(),
             top_tokens.contiguous(),
             logprobs.contiguous(),
             _kept(kept, device),

@@ -13,9 +13,14 @@ and replayed:
           walked on the tree the draft graph of the same step produced.
 
 Top-K (it has the TP all_gather), the oracle, the argmax and sampling stay eager.
-Graphs are captured lazily, the first time a shape is seen, all into one memory
-pool; the eager path (same functions, same results) serves the CPU, servers run
-with --disable-cuda-graph, batches above --cuda-graph-max-bs and empty batches.
+As SGLang does for its own graphs, one graph pair serves a bucket of batch sizes
+(the server's --cuda-graph-bs): a batch is padded up to the smallest bucket that
+holds it (its rows copied in, the outputs' first B rows read back; padding rows
+keep earlier valid inputs, so every row builds a valid tree). The worker
+captures every bucket at start-up (capture), so no step pays for a capture or a
+kernel compile; a shape not captured yet is captured on first use. The eager
+path (same functions, same results) serves the CPU, servers run with
+--disable-cuda-graph, batches above the largest bucket and empty batches.
 
 WHY static outputs are safe: a replay overwrites the previous replay's outputs
 of the same shape. DFlash runs spec v1 without the overlap scheduler, so draft,
@@ -92,16 +97,15 @@ def eager_step(
 
 
 class _ShapeGraphs:
-    """The draft and verify graphs of one (B, D, K, budget, spine), with their static buffers."""
+    """The draft and verify graphs of one (bucket, D, K, budget, spine), with their static buffers."""
 
-    def __init__(self, root, top_tokens, top_logprobs, prefix_lens, budget: int, spine: bool, pool):
-        batch, _, _ = top_tokens.shape
-        device = top_tokens.device
-        self.root = root.to(torch.long, copy=True)
-        self.top_tokens = top_tokens.to(torch.long, copy=True)
-        self.top_logprobs = top_logprobs.to(torch.float32, copy=True)
-        self.prefix_lens = prefix_lens.to(torch.long, copy=True)
-        self.target_next = torch.zeros(batch, budget + 1, dtype=torch.long, device=device)
+    def __init__(self, bucket: int, depth: int, topk: int, budget: int, spine: bool, device, pool):
+        self.root = torch.zeros(bucket, dtype=torch.long, device=device)
+        self.top_tokens = torch.zeros(bucket, depth, topk, dtype=torch.long, device=device)
+        # Log-probs of a valid drafter (descending, <= 0) until real rows are copied in.
+        self.top_logprobs = -torch.arange(topk, dtype=torch.float32, device=device).expand(bucket, depth, topk).clone()
+        self.prefix_lens = torch.zeros(bucket, dtype=torch.long, device=device)
+        self.target_next = torch.zeros(bucket, budget + 1, dtype=torch.long, device=device)
 
         def draft() -> StepTree:
             return eager_step(self.root, self.top_tokens, self.top_logprobs, self.prefix_lens, budget, spine)
@@ -125,36 +129,57 @@ class _ShapeGraphs:
             self.packed = greedy_packed(self.tree, self.target_next)
 
     def draft(self, root, top_tokens, top_logprobs, prefix_lens) -> StepTree:
-        self.root.copy_(root)
-        self.top_tokens.copy_(top_tokens)
-        self.top_logprobs.copy_(top_logprobs)
-        self.prefix_lens.copy_(prefix_lens)
+        batch = top_tokens.shape[0]
+        self.batch = batch
+        self.root[:batch].copy_(root)
+        self.top_tokens[:batch].copy_(top_tokens)
+        self.top_logprobs[:batch].copy_(top_logprobs)
+        self.prefix_lens[:batch].copy_(prefix_lens)
         self.draft_graph.replay()
-        return StepTree(self.tree, self.ancestor, self.positions, self)
+        t = self.tree
+        tree = DDTree(
+            t.tokens[:batch], t.parents[:batch], t.depths[:batch], t.node_logws[:batch], t.max_depth, t.best_first
+        )
+        return StepTree(tree, self.ancestor[:batch], self.positions[:batch], self)
 
     def verify(self, target_next: torch.Tensor) -> torch.Tensor:
-        self.target_next.copy_(target_next)
+        self.target_next[: self.batch].copy_(target_next)
         self.verify_graph.replay()
-        return self.packed
+        return self.packed[: self.batch]
 
 
 class StepGraphs:
     """Per-shape cache of the DDTree step graphs of one worker (one per TP rank).
 
-    max_bs: the largest batch replayed from a graph; larger batches, and every
-    batch when max_bs is 0, run eagerly.
+    buckets: the batch sizes captured; a batch runs in the smallest bucket that holds
+    it; larger batches, and every batch when there are no buckets, run eagerly.
     """
 
-    def __init__(self, max_bs: int):
-        self.max_bs = max_bs
+    def __init__(self, buckets):
+        self.buckets = sorted({int(b) for b in buckets if int(b) > 0})
         self._graphs: dict[tuple, _ShapeGraphs] = {}
         self._pool = None
 
+    @property
+    def max_bs(self) -> int:
+        return self.buckets[-1] if self.buckets else 0
+
     @classmethod
     def for_server(cls, server_args, device) -> StepGraphs:
-        """Graphs exactly where SGLang replays its own: CUDA, graphs on, batch <= cuda_graph_max_bs."""
-        on = torch.device(device).type == "cuda" and not server_args.disable_cuda_graph
-        return cls(int(server_args.cuda_graph_max_bs or 0) if on else 0)
+        """Graphs exactly where SGLang replays its own: CUDA, graphs on, its --cuda-graph-bs
+        (filled in by ServerArgs), up to the first that holds --max-running-requests."""
+        if torch.device(device).type != "cuda" or server_args.disable_cuda_graph:
+            return cls([])
+        buckets = sorted(server_args.cuda_graph_bs or [int(server_args.cuda_graph_max_bs or 0)])
+        cap = server_args.max_running_requests
+        if cap:
+            buckets = [b for b in buckets if b < cap] + [b for b in buckets if b >= cap][:1]
+        return cls(buckets)
+
+    def capture(self, depth: int, topk: int, budget: int, spine: bool, device) -> None:
+        """Capture every bucket of one tree shape now (at start-up) rather than on first use."""
+        for bucket in self.buckets:
+            self._shape(bucket, depth, topk, budget, spine, torch.device(device))
 
     @property
     def captured(self) -> int:
@@ -172,19 +197,24 @@ class StepGraphs:
     ) -> StepTree:
         """root [B], top_tokens [B, D, K] long, top_logprobs [B, D, K] float, prefix_lens [B]
         -> this step's StepTree (static buffers when replayed from a graph)."""
-        batch = top_tokens.shape[0]
+        batch, depth, topk = top_tokens.shape
         if not (top_tokens.is_cuda and 0 < batch <= self.max_bs):
             return eager_step(root.to(torch.long), top_tokens, top_logprobs, prefix_lens, budget, spine)
+        bucket = next(b for b in self.buckets if b >= batch)
+        graphs = self._shape(bucket, depth, topk, budget, spine, top_tokens.device)
+        return graphs.draft(root, top_tokens, top_logprobs, prefix_lens)
+
+    def _shape(self, bucket: int, depth: int, topk: int, budget: int, spine: bool, device) -> _ShapeGraphs:
         # Buffers are made and written under the caller's grad mode, on purpose: SGLang keeps
         # one mode for every step (no_grad, or inference mode with SGLANG_ENABLE_TORCH_INFERENCE_MODE),
         # and an inference tensor handed to its code outside inference mode could not be
         # written in place there.
-        key = (*top_tokens.shape, budget, spine)
+        key = (bucket, depth, topk, budget, spine)
         graphs = self._graphs.get(key)
         if graphs is None:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graphs = _ShapeGraphs(root, top_tokens, top_logprobs, prefix_lens, budget, spine, self._pool)
+            graphs = _ShapeGraphs(bucket, depth, topk, budget, spine, device, self._pool)
             self._graphs[key] = graphs
-            logger.info("DDTree step graphs captured for batch size %d (%d captured).", batch, self.captured)
-        return graphs.draft(root, top_tokens, top_logprobs, prefix_lens)
+            logger.info("DDTree step graphs captured for batch size %d (%d captured).", bucket, self.captured)
+        return graphs

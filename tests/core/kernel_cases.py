@@ -43,6 +43,9 @@ def main() -> int:
             # The interpreter runs a program in about a second: the larger shapes get one variant each.
             for spine, tie_step in VARIANTS if budget < 16 else VARIANTS[(budget + depth) % 3 :][:1]:
                 args = draft_inputs(gen, 2, depth, topk, tie_step=tie_step)
+                # Strided inputs, as SGLang hands them over (the root is a column of the draft block).
+                block = torch.stack([args[0], args[0] + 1], dim=1)
+                args = (block[:, 0], args[1].transpose(1, 2).contiguous().transpose(1, 2), args[2])
                 fused = build_ddtree(*args, budget, spine=spine, fused=True)
                 checked += 1
                 if not (same(fused, build_ddtree(*args, budget, spine=spine, fused=False))

@@ -3,8 +3,9 @@
     python tests/gpu/graph_check.py
 
 Needs torch with CUDA and k26_ddtree (no sglang). For each tree shape (D, K,
-budget, spine) one StepGraphs (max_bs 16) runs a sequence of decode steps whose
-batch sizes interleave (1, 8, 1, 8, 3, 16, 1, 24 > max_bs, 8), each with fresh
+budget, spine) one StepGraphs (buckets 1, 2, 4, 8, 16; every other shape captures
+them all up front, as the worker does) runs a sequence of decode steps whose
+batch sizes interleave and pad (1, 8, 1, 8, 3, 16, 1, 24 > 16, 5, 8, 13), each with fresh
 inputs: draft replay then greedy verify replay, both compared with the eager
 functions on the same GPU (and the tree with the CPU build). Replays run under
 torch.cuda.set_sync_debug_mode("error"), so a host sync in them fails the case.
@@ -24,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, eager_step, greedy_packed  # noqa: E402
 
-MAX_BS = 16
-BATCHES = (1, 8, 1, 8, 3, 16, 1, 24, 8)
+BUCKETS = (1, 2, 4, 8, 16)
+MAX_BS = BUCKETS[-1]
+BATCHES = (1, 8, 1, 8, 3, 16, 1, 24, 5, 8, 13)
 # (D, K, budget, spine): the proving ground's block 8 (D 7) and a block 16 (D 15).
 SHAPES = (
     (7, 8, 64, False),
@@ -78,15 +80,20 @@ def same(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
 def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> list[str]:
     """The failures of one shape's step sequence (empty: it passed)."""
     gen = torch.Generator().manual_seed(seed)
-    graphs = StepGraphs(max_bs=MAX_BS)
+    graphs = StepGraphs(BUCKETS)
+    up_front = seed % 2 == 0
+    if up_front:
+        graphs.capture(depth, topk, budget, spine, "cuda")
     failures = []
     for i, batch in enumerate(BATCHES):
+        bucket = next((b for b in BUCKETS if b >= batch), None)
         inputs = draft_inputs(gen, batch, depth, topk)
         cuda_inputs = [t.cuda() for t in inputs]
         eager = eager_step(*cuda_inputs, budget, spine)
         cpu = eager_step(*inputs, budget, spine)
         nexts = target_next(gen, eager).cuda()
-        if batch > MAX_BS or batch in BATCHES[:i]:
+        seen = [next((b for b in BUCKETS if b >= earlier), None) for earlier in BATCHES[:i]]
+        if up_front or bucket is None or bucket in seen:
             # No capture in this step (capture itself synchronizes): no host sync allowed.
             torch.cuda.set_sync_debug_mode("error")
         try:
@@ -105,7 +112,7 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
             failures.append(f"step {i} B={batch}: CUDA eager tree != CPU tree")
         if not same([packed], [greedy_packed(eager.tree, nexts)]):
             failures.append(f"step {i} B={batch}: verify replay != eager")
-    distinct = len({b for b in BATCHES if b <= MAX_BS})
+    distinct = len(BUCKETS) if up_front else len({next(b for b in BUCKETS if b >= x) for x in BATCHES if x <= MAX_BS})
     if graphs.captured != distinct:
         failures.append(f"captured {graphs.captured} shapes, expected {distinct}")
     return failures
@@ -126,7 +133,7 @@ def timing(depth: int, topk: int, budget: int, spine: bool, batch: int = 8) -> t
     gen = torch.Generator().manual_seed(0)
     inputs = [t.cuda() for t in draft_inputs(gen, batch, depth, topk)]
     nexts = torch.randint(0, VOCAB, (batch, budget + 1)).cuda()
-    graphs = StepGraphs(max_bs=batch)
+    graphs = StepGraphs([batch])
     eager = step_us(lambda: greedy_packed(eager_step(*inputs, budget, spine).tree, nexts))
     replayed = step_us(lambda: graphs.draft(*inputs, budget, spine).greedy_packed(nexts))
     return eager, replayed
@@ -137,7 +144,7 @@ def main() -> int:
         print("graph_check: no CUDA device")
         return 1
     device = torch.cuda.get_device_name()
-    print(f"graph_check on {device}, torch {torch.__version__}, batches {BATCHES}, max_bs {MAX_BS}")
+    print(f"graph_check on {device}, torch {torch.__version__}, batches {BATCHES}, buckets {BUCKETS}")
     failed = 0
     for seed, (depth, topk, budget, spine) in enumerate(SHAPES):
         name = f"D={depth} K={topk} budget={budget} spine={int(spine)}"

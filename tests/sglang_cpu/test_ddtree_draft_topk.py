@@ -111,7 +111,7 @@ def test_draft_tree_builds_from_the_block_hidden_states(patched_sglang):
     draft_hidden = torch.randn(2, 5, 16, generator=gen)
     root = torch.tensor([11, 12])
     prefix_lens = torch.tensor([3, 9])
-    step = draft_tree(config, root, draft_hidden, head, None, prefix_lens=prefix_lens, graphs=StepGraphs(max_bs=0))
+    step = draft_tree(config, root, draft_hidden, head, None, prefix_lens=prefix_lens, graphs=StepGraphs([]))
     tree = step.tree
     assert tree.tokens.shape == (2, 11)
     assert torch.equal(tree.tokens[:, 0], root)

@@ -53,7 +53,7 @@ def walked_target(gen: torch.Generator, tree) -> torch.Tensor:
 @pytest.mark.parametrize("batch,topk,budget,spine", CASES)
 def test_eager_fallback_equals_the_plain_functions(batch, topk, budget, spine):
     gen = torch.Generator().manual_seed(batch * 1000 + topk * 100 + budget * 2 + spine)
-    graphs = StepGraphs(max_bs=64)
+    graphs = StepGraphs([1, 2, 4, 8, 16, 64])
     for _ in range(2):
         root, tokens, logprobs, prefix_lens = draft_inputs(gen, batch, topk)
         step = graphs.draft(root, tokens, logprobs, prefix_lens, budget, spine)
@@ -78,7 +78,7 @@ def test_walks_in_the_tests_accept_deep_paths():
     """The target of the equality test follows the tree often enough to test long paths."""
     gen = torch.Generator().manual_seed(0)
     root, tokens, logprobs, prefix_lens = draft_inputs(gen, 16, 4)
-    step = StepGraphs(max_bs=0).draft(root, tokens, logprobs, prefix_lens, 64, False)
+    step = StepGraphs([]).draft(root, tokens, logprobs, prefix_lens, 64, False)
     assert int(step.greedy_packed(walked_target(gen, step.tree))[:, -1].max()) >= 3
 
 
@@ -86,7 +86,7 @@ def test_the_step_needs_no_host_sync():
     """On the meta device (no data) any host sync fails: the draft and verify pieces are
     capturable at fixed shapes."""
     meta = dict(device="meta")
-    step = StepGraphs(max_bs=8).draft(
+    step = StepGraphs([8]).draft(
         torch.zeros(4, dtype=torch.long, **meta),
         torch.zeros(4, DEPTH, 8, dtype=torch.long, **meta),
         torch.zeros(4, DEPTH, 8, **meta),
@@ -110,22 +110,34 @@ def test_hand_made_trees_get_an_eager_step():
     assert torch.equal(step.positions, prefix_lens.unsqueeze(1) + tree.depths)
 
 
-def server_args(disable_cuda_graph=False, cuda_graph_max_bs=24):
-    return SimpleNamespace(disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs)
+def server_args(disable_cuda_graph=False, cuda_graph_bs=(1, 2, 4, 8, 16, 24, 32), max_running_requests=None):
+    return SimpleNamespace(
+        disable_cuda_graph=disable_cuda_graph,
+        cuda_graph_bs=list(cuda_graph_bs),
+        cuda_graph_max_bs=max(cuda_graph_bs),
+        max_running_requests=max_running_requests,
+    )
 
 
 @pytest.mark.parametrize(
-    "args,device,max_bs",
+    "args,device,buckets",
     [
-        (server_args(), "cuda:0", 24),
-        (server_args(), torch.device("cuda", 1), 24),
-        (server_args(disable_cuda_graph=True), "cuda", 0),
-        (server_args(cuda_graph_max_bs=None), "cuda", 0),
-        (server_args(), "cpu", 0),
+        (server_args(), "cuda:0", [1, 2, 4, 8, 16, 24, 32]),
+        (server_args(cuda_graph_bs=(16, 1, 4)), torch.device("cuda", 1), [1, 4, 16]),
+        (server_args(max_running_requests=10), "cuda", [1, 2, 4, 8, 16]),
+        (server_args(max_running_requests=16), "cuda", [1, 2, 4, 8, 16]),
+        (server_args(disable_cuda_graph=True), "cuda", []),
+        (server_args(), "cpu", []),
     ],
 )
-def test_graphs_only_where_sglang_replays_its_own(args, device, max_bs):
-    assert StepGraphs.for_server(args, device).max_bs == max_bs
+def test_graphs_only_where_sglang_replays_its_own(args, device, buckets):
+    """SGLang's own buckets, up to the first that holds the largest batch the server runs."""
+    assert StepGraphs.for_server(args, device).buckets == buckets
+
+
+def test_buckets_are_sorted_and_deduplicated():
+    graphs = StepGraphs([16, 1, 4, 4])
+    assert graphs.buckets == [1, 4, 16] and graphs.max_bs == 16
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -94,7 +94,7 @@ def make_worker(patched_sglang, monkeypatch, draft_hidden):
     worker.block_size = BLOCK
     worker.ddtree = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
     worker._ddtree_oracle = None
-    worker._ddtree_graphs = StepGraphs(max_bs=0)
+    worker._ddtree_graphs = StepGraphs([])
     worker._mask_token_id = MASK_ID
     worker._warned_sampling_fallback = False
     worker._block_pos_offsets = torch.arange(BLOCK)

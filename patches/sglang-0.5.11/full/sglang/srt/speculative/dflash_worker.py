@@ -218,6 +218,9 @@ class DFlashWorker:
             )
             self._ddtree_oracle = Oracle.from_env()
             self._ddtree_graphs = StepGraphs.for_server(server_args, self.device)
+            self._ddtree_graphs.capture(
+                self.block_size - 1, self.ddtree.topk, self.ddtree.budget, self.ddtree.spine, self.device
+            )
             if self.tp_rank == 0:
                 logger.info(
                     "DDTree verify: %s, oracle drafter %s.",
