@@ -13,13 +13,15 @@ smaller index. Node 0 is the root (the last committed token); nodes 1..budget
 appear in key order, which is the order the reference heap pops them.
 
 How the batched builder finds them without enumerating K^D prefixes: the
-members of the top set at depth d are the best ones of depth d, and every one
-of them extends a member of the top set at depth d - 1 (a prefix that beats
-the parent gives, with the same last rank, a child that beats the child). A
-node at depth d brings its d - 1 ancestors along, so depth d holds at most
-m_d = budget - d + 1 tree nodes and depths beyond the budget hold none. Each
-depth keeps its m_d best prefixes, sorted, and one final sort over all depths'
-survivors orders the tree.
+tree is the root plus the `budget` smallest keys, a set closed under taking
+parents (a child's key exceeds its parent's). A tree node at depth d comes
+with the root, its d - 1 ancestors and every better prefix of its own depth,
+so it is among the m_d = budget - d + 1 best prefixes of its depth (spine
+nodes, forced in, only add to that count), and its parent is a tree node of
+depth d - 1. So each depth keeps its best
+min(m_d, survivors above * K) children of the previous depth's survivors,
+sorted, and one final sort over all depths' survivors orders the tree. The
+argument only counts keys, so it holds for any float32 rounding of the sums.
 
 Every prefix is one int64 key whose high 32 bits are the float32 cost
 (= -score, >= +0.0, whose bit pattern grows with the value) and whose low 32
@@ -29,7 +31,7 @@ keys are unique and order prefixes exactly by (cost, depth, rank path); a code
 also names its parent (code // max(K, 2)) and its rank (code % max(K, 2)), so
 no parent pointers are carried.
 
-This torch builder is a fixed sequence of about 40 ops whatever the data, and
+This torch builder is a fixed sequence of under 40 ops whatever the data, and
 runs on any device. On a CUDA device with Triton, build_ddtree runs the same
 algorithm as one fused kernel instead (tree_kernel.py), bit for bit the same
 tree: dozens of small launches and int64 sorts are what dominate at serving

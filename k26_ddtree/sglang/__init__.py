@@ -14,10 +14,11 @@ One decode step (spec v1, no overlap scheduler), DFlashWorker.forward_batch_gene
     draft hidden states through the target lm_head (vocab-sharded under TP:
     per-shard top-K + all_gather + global log-sum-exp), eager; the oracle
     (tests only) may rewrite them; then step_graphs.StepGraphs replays, in
-    one CUDA graph per batch size (eager where SGLang runs eager), the tree
-    build (k26_ddtree.tree.build_ddtree, validate=False: budget + 1 nodes per
-    request, root = verified_id), its ancestor mask and positions (prefix +
-    depth): a StepTree.
+    the CUDA graph of the smallest --cuda-graph-bs bucket that holds the
+    batch (captured at worker start-up; eager where SGLang runs eager), the
+    tree build (k26_ddtree.tree.build_ddtree, validate=False: one fused
+    Triton kernel, budget + 1 nodes per request, root = verified_id), its
+    ancestor mask and positions (prefix + depth): a StepTree.
  3. verify_input.DDTreeVerifyInput.from_step (a DFlashVerifyInput): tokens =
     the tree's nodes, positions from the StepTree; prepare_for_verify
     allocates bs * N KV slots and builds the triton custom mask from the
@@ -27,7 +28,7 @@ One decode step (spec v1, no overlap scheduler), DFlashWorker.forward_batch_gene
     and triton buffers are sized for N = budget + 1 because the target's
     speculative_num_draft_tokens is budget + 1.
  5. DDTreeVerifyInput.verify: greedy, the argmax (eager) then the walk and
-    its packing in the batch size's second graph (StepTree.greedy_packed);
+    its packing in the bucket's second graph (StepTree.greedy_packed);
     sampling, the tree sampling kernel, eager; either gives the accepted path
     and bonus in one packed tensor, copied to the host once; tokens are
     appended to each request as DFlash does; the path's KV slots are written to req_to_token in depth order, the
@@ -50,7 +51,8 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 buffers added to the static-memory reserve.
   speculative/dflash_worker.py  __init__: draft args get the block (args.apply_to_draft_args),
                                 block_size from args.draft_block_size, hybrid-model
-                                check, oracle, the StepGraphs cache;
+                                check, oracle, the StepGraphs cache (every bucket
+                                captured here);
                                 _prepare_for_speculative_decoding: the tree instead of
                                 the argmax chain.
   model_executor/model_runner_kv_cache_mixin.py
