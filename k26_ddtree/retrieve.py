@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import torch
 
+from k26_ddtree.fused import fused_kernel
 from k26_ddtree.tree import DDTree
 
 
@@ -77,8 +78,15 @@ def _links_by_score(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor]:
     return next_token, next_sibling
 
 
-def tree_attention_mask(tree: DDTree) -> torch.Tensor:
-    """[B, N, N] bool: mask[b, i, j] is True iff node j is node i or one of its ancestors."""
+def tree_attention_mask(tree: DDTree, *, fused: bool | None = None) -> torch.Tensor:
+    """[B, N, N] bool: mask[b, i, j] is True iff node j is node i or one of its ancestors.
+
+    fused: whether the fused Triton kernel (mask_kernel.py) runs instead of the torch
+    ops; None (default) runs it for CUDA tensors (k26_ddtree.fused).
+    """
+    kernel = fused_kernel(fused, tree.parents, "mask_kernel", "tree_attention_mask_fused")
+    if kernel is not None:
+        return kernel(tree)
     batch, n = tree.parents.shape
     device = tree.parents.device
     mask = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)

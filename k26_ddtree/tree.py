@@ -47,6 +47,7 @@ from functools import lru_cache
 import torch
 
 from k26_ddtree.budget import max_budget
+from k26_ddtree.fused import fused_kernel
 
 # A key is read back as two 32-bit words (little-endian: word 0 is the low
 # half): the path code as int32, the cost as float32. Codes stay below 2^31.
@@ -126,16 +127,6 @@ def plan_levels(depth: int, topk: int, budget: int) -> tuple[int, tuple[int, ...
     """(code radix, survivors per depth 1..min(D, budget)) of a tree shape, for the fused kernel."""
     plan = _plan(depth, topk, budget, False)
     return plan.base, plan.kept
-
-
-@lru_cache(maxsize=1)
-def _fused_builder():
-    """tree_kernel.build_ddtree_fused, or None where Triton cannot be imported."""
-    try:
-        from k26_ddtree.tree_kernel import build_ddtree_fused
-    except ImportError:
-        return None
-    return build_ddtree_fused
 
 
 @dataclass(frozen=True)
@@ -268,20 +259,16 @@ def build_ddtree(
     call can be captured in a CUDA graph; shapes, dtypes and budget are always
     checked, since that costs nothing on the device. The first call for a shape
     and device copies a few constants to it, so make one before capturing.
-    fused: None (default) runs the fused Triton kernel on CUDA tensors when Triton
-    is importable and the torch ops otherwise; True insists on the kernel (its CPU
-    interpreter, TRITON_INTERPRET=1, runs it on CPU tensors); False, the torch ops.
+    fused: whether the fused Triton kernel (tree_kernel.py) runs instead of the
+    torch ops; None (default) runs it for CUDA tensors (k26_ddtree.fused).
     """
     budget = _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
     batch, depth, topk = top_tokens.shape
     plan = _plan(depth, topk, budget, spine)
     logprobs = top_logprobs.float()
-    if fused is None:
-        fused = top_tokens.is_cuda and _fused_builder() is not None
-    if fused:
-        if _fused_builder() is None:
-            raise ValueError("fused=True needs Triton, which cannot be imported here")
-        return _fused_builder()(root_tokens, top_tokens, logprobs, budget, spine)
+    kernel = fused_kernel(fused, top_tokens, "tree_kernel", "build_ddtree_fused")
+    if kernel is not None:
+        return kernel(root_tokens, top_tokens, logprobs, budget, spine)
     const = _constants(depth, topk, budget, spine, top_tokens.device)
 
     survivors = const.root_key.expand(batch, 1)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from k26_ddtree.fused import fused_kernel
 from k26_ddtree.tree import DDTree
 
 
@@ -81,11 +82,18 @@ def _check_tree_batch(tree: DDTree, name: str, t: torch.Tensor, dims: int) -> No
         raise ValueError(f"{name} is on {t.device} but the tree is on {tree.tokens.device}")
 
 
-def verify_greedy(tree: DDTree, target_next: torch.Tensor) -> Acceptance:
-    """Greedy verification; target_next [B, N] long is the target's argmax after each node."""
+def verify_greedy(tree: DDTree, target_next: torch.Tensor, *, fused: bool | None = None) -> Acceptance:
+    """Greedy verification; target_next [B, N] long is the target's argmax after each node.
+
+    fused: whether the fused Triton walk (walk_kernel.py) runs instead of the torch
+    ops; None (default) runs it for CUDA tensors (k26_ddtree.fused).
+    """
     _check_tree_batch(tree, "target_next", target_next, 2)
     if target_next.dtype != torch.long:
         raise ValueError(f"target_next must be torch.long, got {target_next.dtype}")
+    kernel = fused_kernel(fused, target_next, "walk_kernel", "verify_greedy_fused")
+    if kernel is not None:
+        return kernel(tree, target_next)
     return _walk(tree, lambda node: target_next.gather(1, node.unsqueeze(1)).squeeze(1))
 
 

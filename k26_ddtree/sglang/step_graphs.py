@@ -1,10 +1,11 @@
 """CUDA graphs for the fixed-shape DDTree work of a decode step, one pair per batch size.
 
-Between the draft model's graph and the target's graph a DDTree step runs a
-few hundred small kernels (tree build, ancestor mask, positions; then the
-greedy walk and the packing of its result). Launched eagerly, their host
-dispatch makes a step CPU-bound, so both pieces are captured once per shape
-and replayed:
+Between the draft model's graph and the target's graph a DDTree step runs the
+tree build, its ancestor mask and positions, then the greedy walk and the
+packing of its result: three fused kernels on CUDA and a dozen small torch
+ops (a few hundred small kernels with the torch ops alone). Launched eagerly,
+host dispatch would make a step CPU-bound on a fast model, so both pieces are
+captured once per shape and replayed:
 
   draft   (root [B], top_tokens [B, D, K], top_logprobs [B, D, K], prefix_lens [B])
           -> the DDTree, its ancestor mask [B, N, N] bool, positions [B, N] long

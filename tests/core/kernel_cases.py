@@ -1,17 +1,21 @@
-"""The fused Triton builder against the torch builder and the heap reference, run by
-test_core_tree_kernel.py in a subprocess with TRITON_INTERPRET=1 (Triton's CPU
+"""The fused Triton kernels against the torch ops that define them, run by
+test_core_kernels.py in a subprocess with TRITON_INTERPRET=1 (Triton's CPU
 interpreter reads that variable when it is imported, so it cannot be set in the
-pytest process). Prints one line per failing case; exit code 1 if any failed."""
+pytest process): the builder (also against the heap reference), the ancestor
+mask and the greedy walk. Prints one line per failing case; exit code 1 if any
+failed."""
 
 from __future__ import annotations
 
 import sys
 
 import torch
-from core_cases import draft_inputs
+from core_cases import draft_inputs, random_tree
 
 from k26_ddtree.reference import heap_ddtree
-from k26_ddtree.tree import build_ddtree, max_budget
+from k26_ddtree.retrieve import tree_attention_mask
+from k26_ddtree.tree import DDTree, build_ddtree, max_budget
+from k26_ddtree.verify import verify_greedy
 
 FIELDS = ("tokens", "parents", "depths", "node_logws")
 # (D, K, budgets): chains, full trees (budget = every prefix), the server's shapes, a block-16 drafter.
@@ -34,9 +38,38 @@ def same(got, want) -> bool:
     )
 
 
+def walk_target(gen: torch.Generator, tree: DDTree) -> torch.Tensor:
+    """[B, N] target argmax: at most nodes the token of a random child (walks go deep), else noise."""
+    batch, n = tree.parents.shape
+    is_child = tree.parents.unsqueeze(1) == torch.arange(n).view(1, n, 1)
+    child = ((torch.rand(batch, n, n, generator=gen) + 1.0) * is_child).argmax(dim=2)
+    follow = is_child.any(dim=2) & (torch.rand(batch, n, generator=gen) < 0.85)
+    return torch.where(follow, tree.tokens.gather(1, child), torch.randint(0, 50, (batch, n), generator=gen))
+
+
+def check_mask_and_walk(gen: torch.Generator) -> tuple[int, int]:
+    """(cases, failures) of the mask and walk kernels on builder and hand-made trees."""
+    trees = [build_ddtree(*draft_inputs(gen, 3, 7, k, vocab=50, tie_step=0.5), b) for k, b in ((4, 8), (8, 64), (1, 7), (4, 1))]
+    trees += [random_tree(gen, 3, n) for n in (1, 2, 9, 30)]
+    cases = failures = 0
+    for tree in trees:
+        cases += 1
+        if not torch.equal(tree_attention_mask(tree, fused=True), tree_attention_mask(tree, fused=False)):
+            failures += 1
+            print(f"MISMATCH ancestor mask, tree {tuple(tree.parents.shape)}")
+        for _ in range(3):
+            target = walk_target(gen, tree)
+            got, want = verify_greedy(tree, target, fused=True), verify_greedy(tree, target, fused=False)
+            cases += 1
+            if not all(torch.equal(getattr(got, f), getattr(want, f)) for f in ("accept_len", "path", "next_token")):
+                failures += 1
+                print(f"MISMATCH greedy walk, tree {tuple(tree.parents.shape)}")
+    return cases, failures
+
+
 def main() -> int:
     gen = torch.Generator().manual_seed(3)
-    failures = checked = 0
+    checked, failures = check_mask_and_walk(gen)
     for depth, topk, budgets in CASES:
         for budget in budgets:
             assert budget <= max_budget(depth, topk)

@@ -7,7 +7,7 @@ budget, spine) one StepGraphs (buckets 1, 2, 4, 8, 16; every other shape capture
 them all up front, as the worker does) runs a sequence of decode steps whose
 batch sizes interleave and pad (1, 8, 1, 8, 3, 16, 1, 24 > 16, 5, 8, 13), each with fresh
 inputs: draft replay then greedy verify replay, both compared with the eager
-functions on the same GPU (and the tree with the CPU build). Replays run under
+functions on the same GPU (the fused kernels) and with the CPU's torch ops. Replays run under
 torch.cuda.set_sync_debug_mode("error"), so a host sync in them fails the case.
 One summary line per case (and the microseconds per step, eager and replayed, for
 information); exit code 0 when every case passes, 1 otherwise.
@@ -112,6 +112,8 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
             failures.append(f"step {i} B={batch}: CUDA eager tree != CPU tree")
         if not same([packed], [greedy_packed(eager.tree, nexts)]):
             failures.append(f"step {i} B={batch}: verify replay != eager")
+        if not same([packed], [greedy_packed(cpu.tree, nexts.cpu())]):
+            failures.append(f"step {i} B={batch}: verify replay != CPU walk")
     distinct = len(BUCKETS) if up_front else len({next(b for b in BUCKETS if b >= x) for x in BATCHES if x <= MAX_BS})
     if graphs.captured != distinct:
         failures.append(f"captured {graphs.captured} shapes, expected {distinct}")

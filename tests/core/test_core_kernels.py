@@ -1,5 +1,6 @@
-"""The fused Triton builder (tree_kernel.py), run on the CPU by Triton's interpreter;
-on a GPU, test_core_tree.py's CUDA test and tests/gpu/graph_check.py run it for real."""
+"""The fused Triton kernels (tree_kernel.py, mask_kernel.py, walk_kernel.py), run on the
+CPU by Triton's interpreter; on a GPU, test_core_tree.py's CUDA test and
+tests/gpu/graph_check.py run them for real."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def test_fused_kernel_matches_torch_builder_and_heap_in_the_interpreter():
+def test_fused_kernels_match_the_torch_ops_in_the_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parents[1])]))
     done = subprocess.run(
