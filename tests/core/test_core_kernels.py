@@ -10,6 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from k26_ddtree import fused
+from k26_ddtree.tree import build_ddtree
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,3 +27,11 @@ def test_fused_kernels_match_the_torch_ops_in_the_interpreter():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cases agree" in done.stdout
 
+
+
+def test_asking_for_a_kernel_without_triton_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(fused, "_kernel", lambda module, name: None)
+    args = (torch.zeros(1, dtype=torch.long), torch.zeros(1, 2, 2, dtype=torch.long), torch.zeros(1, 2, 2))
+    with pytest.raises(ValueError, match="needs Triton"):
+        build_ddtree(*args, 2, fused=True)
+    assert build_ddtree(*args, 2).tokens.shape == (1, 3)
