@@ -5,7 +5,7 @@ batched builder + compile_ddtree_retrieve on the CPU and, when a GPU is
 present, on CUDA: eagerly and replayed from a CUDA graph (the way SGLang runs
 it), with the fused Triton builder (what build_ddtree runs on CUDA) and, for
 comparison, with the torch-op builder (fused=False). The batched path runs
-with validate=False, as in the server. The "torch ops" column counts the aten
+with validate=False, as in the server. The "aten ops" column counts the aten
 operators one torch-op step dispatches (traced on the meta device, so no GPU
 is needed): views and bare allocations excluded, each is one or more CUDA
 kernels, and under graph replay the per-kernel cost dominates at these sizes.
@@ -166,7 +166,7 @@ COLUMNS = [
     ("B", "B", "{}"),
     ("budget", "budget", "{}"),
     ("K", "K", "{}"),
-    ("aten_ops", "torch ops", "{}"),
+    ("aten_ops", "aten ops", "{}"),
     ("heap_ref_cpu_us", "heap ref CPU µs", "{:.0f}"),
     ("batched_cpu_us", "batched CPU µs", "{:.0f}"),
     ("cuda_eager_us", "CUDA fused eager µs", "{:.1f}"),

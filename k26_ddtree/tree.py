@@ -18,10 +18,11 @@ parents (a child's key exceeds its parent's). A tree node at depth d comes
 with the root, its d - 1 ancestors and every better prefix of its own depth,
 so it is among the m_d = budget - d + 1 best prefixes of its depth (spine
 nodes, forced in, only add to that count), and its parent is a tree node of
-depth d - 1. So each depth keeps its best
-min(m_d, survivors above * K) children of the previous depth's survivors,
-sorted, and one final sort over all depths' survivors orders the tree. The
-argument only counts keys, so it holds for any float32 rounding of the sums.
+depth d - 1. So each depth keeps the best min(m_d, P * K) of the children of
+the previous depth's P survivors, sorted, and one final sort over all depths'
+survivors orders the tree. The argument uses only the order of the keys, and
+subtracting a log-prob <= 0 from a float32 cost never lowers it, so it holds
+exactly for the float32 sums.
 
 Every prefix is one int64 key whose high 32 bits are the float32 cost
 (= -score, >= +0.0, whose bit pattern grows with the value) and whose low 32
@@ -31,11 +32,11 @@ keys are unique and order prefixes exactly by (cost, depth, rank path); a code
 also names its parent (code // max(K, 2)) and its rank (code % max(K, 2)), so
 no parent pointers are carried.
 
-This torch builder is a fixed sequence of under 40 ops whatever the data, and
-runs on any device. On a CUDA device with Triton, build_ddtree runs the same
-algorithm as one fused kernel instead (tree_kernel.py), bit for bit the same
-tree: dozens of small launches and int64 sorts are what dominate at serving
-batch sizes.
+This torch builder is a fixed sequence of ops for a shape (three per depth
+and about a dozen more) whatever the data, and runs on any device. On CUDA
+tensors build_ddtree runs the same algorithm as one fused Triton kernel
+instead (tree_kernel.py), bit for bit the same tree: at serving batch sizes
+dozens of small launches and int64 sorts cost more than the work.
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ from functools import lru_cache
 
 import torch
 
-from k26_ddtree.budget import max_budget
+from k26_ddtree.budget import codes_fit, max_budget
 from k26_ddtree.fused import fused_kernel
 
 # A key is read back as two 32-bit words (little-endian: word 0 is the low
-# half): the path code as int32, the cost as float32. Codes stay below 2^31.
-_CODE_LIMIT = 1 << 31
+# half): the path code as int32, the cost as float32; budget.codes_fit keeps
+# codes below 2^31.
 # Added to the keys of the root and the spine nodes so they rank first.
 _SPINE_BIT = -(1 << 63)
 
@@ -95,7 +96,7 @@ class DDTree:
 @dataclass(frozen=True)
 class _Plan:
     base: int  # code radix, max(K, 2) so that a child's code differs from its parent's
-    kept: tuple[int, ...]  # m_d: survivors per depth 1..min(D, budget); deeper depths hold no node
+    kept: tuple[int, ...]  # survivors per depth 1..min(D, budget), min(m_d, P * K); deeper depths hold no node
     offsets: tuple[int, ...]  # where each depth's survivors start in the final table (root at 0)
     spine_len: int
 
@@ -108,11 +109,6 @@ class _Plan:
 def _plan(depth: int, topk: int, budget: int, spine: bool) -> _Plan:
     levels = min(depth, budget)
     base = max(topk, 2)
-    if 2 * base**levels > _CODE_LIMIT:
-        raise ValueError(
-            f"topk {topk} with {levels} draft positions in the tree is too large for the tie-breaking key"
-            " (needs max(topk, 2)^min(D, budget) <= 2^30)"
-        )
     kept, offsets = [], []
     survivors, offset = 1, 1
     for d in range(1, levels + 1):
@@ -226,6 +222,11 @@ def _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate: bool)
     limit = max_budget(depth, topk)
     if not 1 <= budget <= limit:
         raise ValueError(f"budget {budget} out of range: must be 1..{limit} (sum of K^d for K={topk}, D={depth})")
+    if not codes_fit(depth, topk, budget):
+        raise ValueError(
+            f"topk {topk} with {min(depth, budget)} draft positions in the tree is too large for the"
+            " tie-breaking key (needs max(topk, 2)^min(D, budget) <= 2^30)"
+        )
     if validate and top_logprobs.numel():
         lp = top_logprobs.float()
         finite, nonpositive, descending = torch.stack(
@@ -264,11 +265,11 @@ def build_ddtree(
     """
     budget = _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
     batch, depth, topk = top_tokens.shape
-    plan = _plan(depth, topk, budget, spine)
     logprobs = top_logprobs.float()
-    kernel = fused_kernel(fused, top_tokens, "tree_kernel", "build_ddtree_fused")
+    kernel = fused_kernel(fused, top_tokens, budget + 1, "tree_kernel", "build_ddtree_fused")
     if kernel is not None:
         return kernel(root_tokens, top_tokens, logprobs, budget, spine)
+    plan = _plan(depth, topk, budget, spine)
     const = _constants(depth, topk, budget, spine, top_tokens.device)
 
     survivors = const.root_key.expand(batch, 1)

@@ -3,13 +3,13 @@
 It computes exactly what the torch builder in tree.py computes, with the same
 int64 keys (float32 cost bits over the path code) and the same float32 sums,
 so the two agree bit for bit; tree.py documents the algorithm. The difference
-is the cost model: the torch builder is about 40 small kernels (and its int64
+is the cost model: the torch builder is dozens of small kernels (and its int64
 sorts cost tens of µs each on the GPU), this is one launch in which each
 request sorts its rows in registers:
 
-  depth d   the children of the previous depth's survivors, a [P, K] block of
-            keys, sorted; the first m_d = min(m_{d-1} * K, budget - d + 1)
-            are this depth's survivors, stored in the request's scratch row
+  depth d   the children of the previous depth's P survivors, a [P, K] block
+            of keys, sorted; the first min(budget - d + 1, P * K) are this
+            depth's survivors, stored in the request's scratch row
   final     the scratch row (root + every depth's survivors) sorted, spine
             nodes first; its first N = budget + 1 keys are the tree: depth
             from the code's magnitude, rank from its last digit, token by
@@ -37,7 +37,7 @@ def _build_kernel(
     root_ptr,  # [B] long
     tokens_ptr,  # [B, D, K] long, contiguous
     logprobs_ptr,  # [B, D, K] float32, contiguous
-    kept_ptr,  # [LEVELS] int32: m_d
+    kept_ptr,  # [LEVELS] int32: survivors per depth
     scratch_ptr,  # [B, T_PAD] int64
     out_tokens_ptr,  # [B, N] long
     out_parents_ptr,  # [B, N] long

@@ -231,6 +231,12 @@ def check_values(profile: Profile, origin: str) -> None:
             f"{spec['budget']} is larger than a tree of topk {spec['topk']} and block {spec['block_size']} "
             f"can hold (at most {limit} = sum of topk^d for d = 1..block-1)",
         )
+    if not budget.codes_fit(spec["block_size"] - 1, spec["topk"], spec["budget"]):
+        raise bad(
+            "speculative.topk",
+            f"{spec['topk']} is too wide for a tree of {min(spec['block_size'] - 1, spec['budget'])} levels "
+            "(the tree builder needs max(topk, 2)^min(block-1, budget) <= 2^30); lower topk or the budget",
+        )
     for key in ("tp_size", "nnodes"):
         if par[key] < 1:
             raise bad(f"parallel.{key}", f"must be >= 1, got {par[key]}")

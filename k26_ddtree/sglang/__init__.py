@@ -31,9 +31,9 @@ One decode step (spec v1, no overlap scheduler), DFlashWorker.forward_batch_gene
     its packing in the bucket's second graph (StepTree.greedy_packed);
     sampling, the tree sampling kernel, eager; either gives the accepted path
     and bonus in one packed tensor, copied to the host once; tokens are
-    appended to each request as DFlash does; the path's KV slots are written to req_to_token in depth order, the
-    rest freed; the target hidden states at the path nodes become the next
-    draft context. Returns DFlash's 4-tuple, so the worker's tail (draft KV
+    appended to each request as DFlash does; the path's KV slots are written
+    to req_to_token in depth order, the rest freed; the target hidden states
+    at the path nodes become the next draft context. Returns DFlash's 4-tuple, so the worker's tail (draft KV
     append, sliding window, metrics) is unchanged.
 
 Metrics: spec_verify_ct and spec_accept_length (= committed tokens per verify

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from k26_ddtree.budget import max_budget
+from k26_ddtree.budget import codes_fit, max_budget
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,12 @@ def finalize(server_args) -> None:
             f"--speculative-ddtree-budget {budget} is larger than the {limit} distinct draft prefixes "
             f"of topk {topk} over {block_size - 1} draft positions (block size {block_size}); "
             "lower the budget or raise --speculative-ddtree-topk"
+        )
+    if not codes_fit(block_size - 1, topk, budget):
+        raise DDTreeArgsError(
+            f"--speculative-ddtree-topk {topk} is too wide for a tree of {min(block_size - 1, budget)} levels "
+            "(the tree builder needs max(topk, 2)^min(block size - 1, budget) <= 2^30); "
+            "lower the topk or the budget"
         )
     backends = {b for b in server_args.get_attention_backends() if b is not None}
     if backends != {SUPPORTED_ATTENTION_BACKEND}:

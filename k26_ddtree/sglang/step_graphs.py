@@ -101,12 +101,9 @@ class _ShapeGraphs:
     """The draft and verify graphs of one (bucket, D, K, budget, spine), with their static buffers."""
 
     def __init__(self, bucket: int, depth: int, topk: int, budget: int, spine: bool, device, pool):
-        self.root = torch.zeros(bucket, dtype=torch.long, device=device)
-        self.top_tokens = torch.zeros(bucket, depth, topk, dtype=torch.long, device=device)
-        # Log-probs of a valid drafter (descending, <= 0) until real rows are copied in.
-        self.top_logprobs = -torch.arange(topk, dtype=torch.float32, device=device).expand(bucket, depth, topk).clone()
-        self.prefix_lens = torch.zeros(bucket, dtype=torch.long, device=device)
-        self.target_next = torch.zeros(bucket, budget + 1, dtype=torch.long, device=device)
+        self.root, self.top_tokens, self.top_logprobs, self.prefix_lens, self.target_next = self.inputs(
+            bucket, depth, topk, budget, device
+        )
 
         def draft() -> StepTree:
             return eager_step(self.root, self.top_tokens, self.top_logprobs, self.prefix_lens, budget, spine)
@@ -119,8 +116,8 @@ class _ShapeGraphs:
             greedy_packed(draft().tree, self.target_next)
         torch.cuda.current_stream(device).wait_stream(side)
 
-        # thread_local: capture happens while the server runs; a CUDA call from another
-        # thread of the process must neither fail nor invalidate this capture.
+        # thread_local: the worker's process has other threads; a CUDA call from one of
+        # them must neither fail nor invalidate this capture.
         self.draft_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.draft_graph, pool=pool, capture_error_mode="thread_local"):
             step = draft()
@@ -129,8 +126,22 @@ class _ShapeGraphs:
         with torch.cuda.graph(self.verify_graph, pool=pool, capture_error_mode="thread_local"):
             self.packed = greedy_packed(self.tree, self.target_next)
 
+    @staticmethod
+    def inputs(bucket: int, depth: int, topk: int, budget: int, device) -> tuple[torch.Tensor, ...]:
+        """Static inputs (root, top_tokens, top_logprobs, prefix_lens, target_next) holding a
+        valid step (log-probs descending, <= 0) until real rows are copied in."""
+        return (
+            torch.zeros(bucket, dtype=torch.long, device=device),
+            torch.zeros(bucket, depth, topk, dtype=torch.long, device=device),
+            -torch.arange(topk, dtype=torch.float32, device=device).expand(bucket, depth, topk).clone(),
+            torch.zeros(bucket, dtype=torch.long, device=device),
+            torch.zeros(bucket, budget + 1, dtype=torch.long, device=device),
+        )
+
     def draft(self, root, top_tokens, top_logprobs, prefix_lens) -> StepTree:
         batch = top_tokens.shape[0]
+        if top_tokens.dtype != torch.long:
+            raise ValueError(f"top_tokens must be torch.long, got {top_tokens.dtype}")
         self.batch = batch
         self.root[:batch].copy_(root)
         self.top_tokens[:batch].copy_(top_tokens)
@@ -144,6 +155,11 @@ class _ShapeGraphs:
         return StepTree(tree, self.ancestor[:batch], self.positions[:batch], self)
 
     def verify(self, target_next: torch.Tensor) -> torch.Tensor:
+        want = (self.batch, self.target_next.shape[1])
+        if tuple(target_next.shape) != want or target_next.dtype != torch.long:
+            raise ValueError(
+                f"target_next must be {list(want)} torch.long, got {list(target_next.shape)} {target_next.dtype}"
+            )
         self.target_next[: self.batch].copy_(target_next)
         self.verify_graph.replay()
         return self.packed[: self.batch]
@@ -178,9 +194,15 @@ class StepGraphs:
         return cls(buckets)
 
     def capture(self, depth: int, topk: int, budget: int, spine: bool, device) -> None:
-        """Capture every bucket of one tree shape now (at start-up) rather than on first use."""
+        """Capture every bucket of one tree shape now (at start-up) rather than on first use.
+        Without buckets off the CPU (--disable-cuda-graph on a GPU), run one eager step
+        instead, so the fused kernels compile here and not in the first decode step."""
+        device = torch.device(device)
         for bucket in self.buckets:
-            self._shape(bucket, depth, topk, budget, spine, torch.device(device))
+            self._shape(bucket, depth, topk, budget, spine, device)
+        if not self.buckets and device.type != "cpu":
+            warm = _ShapeGraphs.inputs(1, depth, topk, budget, device)
+            greedy_packed(eager_step(*warm[:4], budget, spine).tree, warm[4])
 
     @property
     def captured(self) -> int:
@@ -206,10 +228,10 @@ class StepGraphs:
         return graphs.draft(root, top_tokens, top_logprobs, prefix_lens)
 
     def _shape(self, bucket: int, depth: int, topk: int, budget: int, spine: bool, device) -> _ShapeGraphs:
-        # Buffers are made and written under the caller's grad mode, on purpose: SGLang keeps
-        # one mode for every step (no_grad, or inference mode with SGLANG_ENABLE_TORCH_INFERENCE_MODE),
-        # and an inference tensor handed to its code outside inference mode could not be
-        # written in place there.
+        # Buffers take the caller's grad mode: made at start-up they are ordinary tensors,
+        # which steps under no_grad or inference mode (SGLANG_ENABLE_TORCH_INFERENCE_MODE)
+        # may both write in place; one made lazily inside a step matches that step's mode,
+        # which SGLang keeps for every step.
         key = (bucket, depth, topk, budget, spine)
         graphs = self._graphs.get(key)
         if graphs is None:

@@ -10,7 +10,7 @@ prepare   positions = prefix length + node depth; the triton custom mask is,
           layout): the whole prefix, then the tree's ancestor mask. Positions
           and ancestor mask come with the tree (step_graphs.StepTree, built in
           the draft step's CUDA graph where there is one).
-accept    greedy: the torch walk `verify_greedy` over the target's argmax, in
+accept    greedy: `verify_greedy` (the fused walk on CUDA) over the target's argmax, in
           the verify CUDA graph of step_graphs where there is one;
           sampling: sgl_kernel's `tree_speculative_sampling_target_only` with
           the DDTree's retrieve arrays, draft_probs zeroed on every call (the
@@ -281,7 +281,6 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         n = self.draft_token_num
         logits = logits_output.next_token_logits
         device = logits.device
-        # The one device -> host copy of the step: committed tokens, accepted path, accept length.
         packed = self._accept(batch, logits)
         width = (packed.shape[1] - 1) // 2
         commit_lens_cpu: List[int] = []
@@ -290,6 +289,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         kept_nodes: List[int] = []
         kept_rows: List[int] = []
         kept_depths: List[int] = []
+        # The one device -> host copy of the step: committed tokens, accepted path, accept length.
         for i, (req, row) in enumerate(zip(batch.reqs, packed.cpu().tolist())):
             accept_len = row[-1]
             appended = 0

@@ -14,7 +14,8 @@ from core_cases import draft_inputs, random_tree
 
 from k26_ddtree.reference import heap_ddtree
 from k26_ddtree.retrieve import tree_attention_mask
-from k26_ddtree.tree import DDTree, build_ddtree, max_budget
+from k26_ddtree.budget import max_budget
+from k26_ddtree.tree import DDTree, build_ddtree
 from k26_ddtree.verify import verify_greedy
 
 FIELDS = ("tokens", "parents", "depths", "node_logws")

@@ -64,9 +64,9 @@ def test_builder_matches_heap_on_random_configurations():
 
 @pytest.mark.parametrize("depth,topk", [(7, 4), (7, 8), (6, 10)])
 @pytest.mark.parametrize("spine", [False, True])
-def test_pruned_rows_match_the_heap_reference_on_server_sized_trees(depth, topk, spine):
-    """Each depth sorts only the children with (slot + 1)(rank + 1) <= its quota; a
-    wrongly pruned child shows up here, where the quota is far below slots * K."""
+def test_per_depth_survivors_match_the_heap_reference_on_server_sized_trees(depth, topk, spine):
+    """Each depth keeps min(budget - d + 1, P * K) of its P * K children; a wrongly
+    dropped child shows up here, where budget - d + 1 is far below P * K."""
     gen = torch.Generator().manual_seed(depth * 7 + topk + spine)
     for budget in (24, 48, 64, 96, 128):
         for tie_step in (0.0, 0.125, 0.5):

@@ -71,6 +71,9 @@ def test_budget_range_follows_topk_and_block():
         load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=8"])
     with pytest.raises(UserError, match=r"at most 6 "):
         load_profile("pcie-ep8", ["speculative.topk=2", "speculative.block_size=3", "speculative.budget=7"])
+    # In range, but 21 ranks over 7 levels do not fit the tree builder's 31-bit path codes.
+    with pytest.raises(UserError, match=r"speculative.topk 21 is too wide for a tree of 7 levels"):
+        load_profile("pcie-ep8", ["speculative.topk=21", "speculative.budget=12"])
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,7 @@ def test_resolution_is_idempotent(patched_sglang, models):
         (["--speculative-ddtree-budget", "8", "--speculative-ddtree-topk", "1"], "larger than the 7 distinct"),
         (["--speculative-ddtree-budget", "64", "--speculative-ddtree-topk", "2",
           "--speculative-dflash-block-size", "6"], "larger than the 62 distinct"),
+        (["--speculative-ddtree-budget", "12", "--speculative-ddtree-topk", "21"], "too wide for a tree of 7 levels"),
         (["--speculative-ddtree-topk", "4"], "need --speculative-ddtree-budget"),
         (["--speculative-ddtree-spine"], "need --speculative-ddtree-budget"),
         (["--speculative-ddtree-budget", "8", "--speculative-num-draft-tokens", "8"], r"budget \+ 1 = 9"),

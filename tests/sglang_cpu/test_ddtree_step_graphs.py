@@ -99,6 +99,26 @@ def test_the_step_needs_no_host_sync():
     assert packed.shape == (4, 2 * (DEPTH + 1) + 1) and packed.device.type == "meta"
 
 
+def test_start_up_without_graphs_runs_one_eager_step():
+    """--disable-cuda-graph on a GPU: capture() compiles the kernels with one eager step
+    (the meta device stands in for the GPU: it runs the same code without data)."""
+    graphs = StepGraphs([])
+    graphs.capture(DEPTH, 4, 16, True, "meta")
+    graphs.capture(DEPTH, 4, 16, True, "cpu")
+    assert graphs.captured == 0
+
+
+def test_replayed_verify_refuses_a_target_of_the_wrong_shape():
+    """The graph path copies into static buffers, where a wrong shape would broadcast silently."""
+    from k26_ddtree.sglang.step_graphs import _ShapeGraphs
+
+    shape = _ShapeGraphs.__new__(_ShapeGraphs)
+    shape.batch = 3
+    shape.target_next = torch.zeros(8, 17, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"target_next must be \[3, 17\] torch.long"):
+        shape.verify(torch.zeros(1, 17, dtype=torch.long))
+
+
 def test_hand_made_trees_get_an_eager_step():
     """StepTree.of_tree: what DDTreeVerifyInput.from_tree uses for trees not from the builder."""
     gen = torch.Generator().manual_seed(5)
