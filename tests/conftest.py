@@ -23,9 +23,12 @@ import pytest
 from k26_ddtree.patchset.wheel import shipped_wheel as pinned_wheel
 
 STUBS = Path(__file__).resolve().parent / "sglang_cpu" / "stubs"
+# core_cases (seeded draft inputs, hand-made trees, walk targets) serves every test area.
+CORE_CASES = Path(__file__).resolve().parent / "core"
 
 
 def pytest_configure(config) -> None:
+    sys.path.insert(0, str(CORE_CASES))
     if importlib.util.find_spec("torchvision") is None or importlib.util.find_spec("sgl_kernel") is None:
         sys.path.insert(0, str(STUBS))
 

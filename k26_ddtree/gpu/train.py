@@ -85,6 +85,13 @@ def greedy_continuations(target, prompts: list[list[int]], new_tokens: int, devi
     return seqs, gaps
 
 
+def optimizer_step(opt, loss: torch.Tensor, model) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def train_target(target, data, device, seed: int, deadline: float, prompts, knobs: Knobs):
     opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
@@ -94,10 +101,7 @@ def train_target(target, data, device, seed: int, deadline: float, prompts, knob
         with amp(device):
             logits, _ = target(batch[:, :-1])
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss_t.backward()
-        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss_t, target)
         step += 1
         if step % knobs.target_eval_every == 0:
             loss = float(loss_t.detach())
@@ -177,10 +181,7 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
         windows = sample_windows(data, knobs.draft_batch, SEQ_LEN, gen)[:, :-1].to(device)
         logits, labels = draft_batch(target, drafter, windows, knobs.draft_blocks, gen)
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss_t.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss_t, drafter)
         step += 1
         if step % knobs.draft_eval_every == 0:
             loss = float(loss_t.detach())

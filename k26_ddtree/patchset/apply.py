@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.patchset import importable
 from k26_ddtree.patchset.locate import Installation, locate
@@ -21,7 +22,7 @@ from k26_ddtree.hashing import sha256_bytes, sha256_file
 from k26_ddtree.patchset.pins import load
 from k26_ddtree.patchset.status import (APPLIED, CHECK_EXIT, FOREIGN, PARTIAL, PRISTINE, WRONG_VERSION,
                                         FileStatus, Status, inspect)
-from k26_ddtree.patchset.transaction import Change, replace_all, write_atomic
+from k26_ddtree.patchset.transaction import Change, replace_all
 from k26_ddtree.patchset.udiff import PatchError, apply_diff
 
 BACKUP_DIR = ".k26-ddtree-backup"
@@ -75,7 +76,7 @@ def _write_backups(status: Status, files: list[FileStatus], out: Out) -> None:
         backup = root / file.pin.rel
         if not (backup.is_file() and sha256_file(backup) == file.pin.original_sha256):
             try:
-                write_atomic(backup, file.current)
+                atomic.replace(backup, file.current)
             except OSError as err:
                 raise UserError(f"could not write the backup {backup} ({err}); nothing changed", code=1) from None
             if sha256_file(backup) != file.pin.original_sha256:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import k26_ddtree
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
-from k26_ddtree.patchset.transaction import write_atomic
 from k26_ddtree.resources import source_root
 
 PTH_NAME = "k26_ddtree_sglang.pth"
@@ -151,7 +151,7 @@ def carry_out(import_plan: ImportPlan) -> None:
     site = import_plan.site
     if import_plan.action == PTH:
         text = f"# written by k26-deploy apply: the patched sglang imports k26_ddtree from here\n{our_package().parent}\n"
-        write_atomic(site / PTH_NAME, text.encode())
+        atomic.replace(site / PTH_NAME, text.encode())
     elif import_plan.action == COPY:
         _copy_package(site)
 

@@ -14,11 +14,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_bytes, sha256_file
 from k26_ddtree.patchset.pins import (FULL_DIR, PINS_FILE, SERIES_FILE, SGLANG_VERSION, FilePin, WheelPin,
                                       default_root, diff_name, dump_pins, read_wheel_pin)
-from k26_ddtree.patchset.transaction import write_atomic
 from k26_ddtree.patchset.udiff import make_diff
 from k26_ddtree.patchset.wheel import pinned_wheel
 
@@ -66,7 +66,7 @@ def write(root: Path, outputs: dict[str, bytes]) -> list[str]:
     for name, data in sorted(outputs.items()):
         path = root / name
         if not (path.is_file() and path.read_bytes() == data):
-            write_atomic(path, data)
+            atomic.replace(path, data)
             changed.append(name)
     for stale in sorted(root.glob("*.diff")):
         if stale.name not in outputs:

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_file
-
-_NEW_FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -21,34 +18,6 @@ class Change:
     old: bytes | None   # the content now (None: absent), restored on rollback
     new: bytes | None   # the content wanted (None: remove the file)
     new_sha256: str | None
-
-
-def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write `data` to `path` through a temp file in the same directory and os.replace."""
-    tmp = stage(path, data, mode)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def stage(path: Path, data: bytes, mode: int | None = None) -> Path:
-    """A temp file beside `path` holding `data`, flushed to disk, with `path`'s permissions."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None:
-        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _NEW_FILE_MODE
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".k26-tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(name, mode)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-    return Path(name)
 
 
 def _drop_bytecode(path: Path) -> None:
@@ -73,7 +42,7 @@ def replace_all(changes: list[Change], progress: Callable[[str], None], label: C
             if change.new is None:
                 continue
             try:
-                tmp = stage(change.path, change.new)
+                tmp = atomic.stage(change.path, change.new)
             except OSError as err:
                 raise UserError(f"could not stage {label(change.path)} ({err}); nothing changed", code=1) from None
             staged[change.path] = tmp
@@ -110,7 +79,7 @@ def _roll_back(done: list[Change]) -> list[Path]:
             if change.old is None:
                 change.path.unlink(missing_ok=True)
             else:
-                write_atomic(change.path, change.old)
+                atomic.replace(change.path, change.old)
             _drop_bytecode(change.path)
         except OSError:
             failed.append(change.path)

@@ -225,12 +225,6 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             step=step,
         )
 
-    @classmethod
-    def from_tree(cls, tree: DDTree, prefix_lens: torch.Tensor) -> DDTreeVerifyInput:
-        """prefix_lens [B]: committed tokens with KV in the target cache (batch.seq_lens);
-        the root (the last committed token) sits at position prefix_len."""
-        return cls.from_step(StepTree.of_tree(tree, prefix_lens))
-
     def prepare_for_verify(self, batch, page_size: int, *, build_custom_mask: bool = True):
         if batch.forward_mode.is_idle():
             return

@@ -1,4 +1,4 @@
-"""Seeded random inputs for the DDTree core tests."""
+"""Seeded random inputs for the DDTree tests (core, SGLang wiring, the GPU graph check)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ def draft_inputs(gen: torch.Generator, batch: int, depth: int, topk: int, *, voc
     tokens = torch.argsort(torch.rand(batch, depth, vocab, generator=gen), dim=-1)[..., :topk]
     roots = torch.randint(0, vocab, (batch,), generator=gen)
     return roots, tokens, logprobs
+
+
+def walk_target(gen: torch.Generator, tree: DDTree, *, vocab: int, follow: float = 0.8) -> torch.Tensor:
+    """[B, N] target argmax for a greedy walk: at a node with children, with probability
+    `follow` the token of one of them (so walks go deep), else a random token."""
+    parents, tokens = tree.parents.cpu(), tree.tokens.cpu()
+    batch, n = parents.shape
+    is_child = parents.unsqueeze(1) == torch.arange(n).view(1, n, 1)
+    child = ((torch.rand(batch, n, n, generator=gen) + 1.0) * is_child).argmax(dim=2)
+    follows = is_child.any(dim=2) & (torch.rand(batch, n, generator=gen) < follow)
+    return torch.where(follows, tokens.gather(1, child), torch.randint(0, vocab, (batch, n), generator=gen))
 
 
 def random_tree(gen: torch.Generator, batch: int, n: int, *, vocab: int = 50) -> DDTree:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 
 import torch
-from core_cases import draft_inputs, random_tree
+from core_cases import draft_inputs, random_tree, walk_target
 
 from k26_ddtree.reference import heap_ddtree
 from k26_ddtree.retrieve import tree_attention_mask
 from k26_ddtree.budget import max_budget
-from k26_ddtree.tree import DDTree, build_ddtree
+from k26_ddtree.tree import build_ddtree
 from k26_ddtree.verify import verify_greedy
 
 FIELDS = ("tokens", "parents", "depths", "node_logws")
@@ -39,15 +39,6 @@ def same(got, want) -> bool:
     )
 
 
-def walk_target(gen: torch.Generator, tree: DDTree) -> torch.Tensor:
-    """[B, N] target argmax: at most nodes the token of a random child (walks go deep), else noise."""
-    batch, n = tree.parents.shape
-    is_child = tree.parents.unsqueeze(1) == torch.arange(n).view(1, n, 1)
-    child = ((torch.rand(batch, n, n, generator=gen) + 1.0) * is_child).argmax(dim=2)
-    follow = is_child.any(dim=2) & (torch.rand(batch, n, generator=gen) < 0.85)
-    return torch.where(follow, tree.tokens.gather(1, child), torch.randint(0, 50, (batch, n), generator=gen))
-
-
 def check_mask_and_walk(gen: torch.Generator) -> tuple[int, int]:
     """(cases, failures) of the mask and walk kernels on builder and hand-made trees."""
     trees = [build_ddtree(*draft_inputs(gen, 3, 7, k, vocab=50, tie_step=0.5), b) for k, b in ((4, 8), (8, 64), (1, 7), (4, 1))]
@@ -59,7 +50,7 @@ def check_mask_and_walk(gen: torch.Generator) -> tuple[int, int]:
             failures += 1
             print(f"MISMATCH ancestor mask, tree {tuple(tree.parents.shape)}")
         for _ in range(3):
-            target = walk_target(gen, tree)
+            target = walk_target(gen, tree, vocab=50, follow=0.85)
             got, want = verify_greedy(tree, target, fused=True), verify_greedy(tree, target, fused=False)
             cases += 1
             if not all(torch.equal(getattr(got, f), getattr(want, f)) for f in ("accept_len", "path", "next_token")):

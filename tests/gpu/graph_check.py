@@ -2,15 +2,17 @@
 
     python tests/gpu/graph_check.py
 
-Needs torch with CUDA and k26_ddtree (no sglang). For each tree shape (D, K,
-budget, spine) one StepGraphs (buckets 1, 2, 4, 8, 16; every other shape captures
-them all up front, as the worker does) runs a sequence of decode steps whose
-batch sizes interleave and pad (1, 8, 1, 8, 3, 16, 1, 24 > 16, 5, 8, 13), each with fresh
+Needs torch with CUDA and k26_ddtree (no sglang); the seeded inputs come from
+tests/core/core_cases.py. For each tree shape (D, K, budget, spine) one
+StepGraphs (buckets 1, 2, 4, 8, 16; every other shape captures them all up
+front, as the worker does) runs a sequence of decode steps whose batch sizes
+interleave and pad (1, 8, 1, 8, 3, 16, 1, 24 > 16, 5, 8, 13), each with fresh
 inputs: draft replay then greedy verify replay, both compared with the eager
-functions on the same GPU (the fused kernels) and with the CPU's torch ops. Replays run under
-torch.cuda.set_sync_debug_mode("error"), so a host sync in them fails the case.
-One summary line per case (and the microseconds per step, eager and replayed, for
-information); exit code 0 when every case passes, 1 otherwise.
+functions on the same GPU (the fused kernels) and with the CPU's torch ops.
+Replays run under torch.cuda.set_sync_debug_mode("error"), so a host sync in
+them fails the case. One summary line per case (and the microseconds per step,
+eager and replayed, for information); exit code 0 when every case passes, 1
+otherwise.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS.parent), str(TESTS / "core")]
+
+from core_cases import draft_inputs, walk_target  # noqa: E402
 
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, eager_step, greedy_packed  # noqa: E402
 
@@ -44,28 +49,11 @@ SHAPES = (
 VOCAB = 1000
 
 
-def draft_inputs(gen: torch.Generator, batch: int, depth: int, topk: int):
+def step_inputs(gen: torch.Generator, batch: int, depth: int, topk: int):
     """(root, top_tokens, top_logprobs, prefix_lens) on the CPU; log-probs rounded to
     multiples of 0.25 so that many prefix scores tie, the cases the tie rule decides."""
-    logits = torch.randn(batch, depth, VOCAB, generator=gen) * 2.0
-    logprobs = torch.log_softmax(logits, dim=-1).topk(topk, dim=-1).values
-    logprobs = ((logprobs / 0.25).round() * 0.25).sort(dim=-1, descending=True).values.clamp(max=0.0)
-    tokens = torch.argsort(torch.rand(batch, depth, VOCAB, generator=gen), dim=-1)[..., :topk]
-    root = torch.randint(0, VOCAB, (batch,), generator=gen)
-    prefix_lens = torch.randint(1, 4000, (batch,), generator=gen)
-    return root, tokens, logprobs, prefix_lens
-
-
-def target_next(gen: torch.Generator, step: StepTree) -> torch.Tensor:
-    """[B, N] on the CPU: at most nodes the token of a random child (so walks go deep), else noise."""
-    parents = step.tree.parents.cpu()
-    tokens = step.tree.tokens.cpu()
-    batch, n = parents.shape
-    is_child = parents.unsqueeze(1) == torch.arange(n).view(1, n, 1)
-    pick = (torch.rand(batch, n, n, generator=gen) + 1.0) * is_child
-    child = pick.argmax(dim=2)
-    follow = is_child.any(dim=2) & (torch.rand(batch, n, generator=gen) < 0.8)
-    return torch.where(follow, tokens.gather(1, child), torch.randint(0, VOCAB, (batch, n), generator=gen))
+    root, tokens, logprobs = draft_inputs(gen, batch, depth, topk, vocab=VOCAB, tie_step=0.25)
+    return root, tokens, logprobs, torch.randint(1, 4000, (batch,), generator=gen)
 
 
 def tree_tensors(step: StepTree) -> list[torch.Tensor]:
@@ -87,11 +75,11 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
     failures = []
     for i, batch in enumerate(BATCHES):
         bucket = next((b for b in BUCKETS if b >= batch), None)
-        inputs = draft_inputs(gen, batch, depth, topk)
+        inputs = step_inputs(gen, batch, depth, topk)
         cuda_inputs = [t.cuda() for t in inputs]
         eager = eager_step(*cuda_inputs, budget, spine)
         cpu = eager_step(*inputs, budget, spine)
-        nexts = target_next(gen, eager).cuda()
+        nexts = walk_target(gen, eager.tree, vocab=VOCAB).cuda()
         seen = [next((b for b in BUCKETS if b >= earlier), None) for earlier in BATCHES[:i]]
         if up_front or bucket is None or bucket in seen:
             # No capture in this step (capture itself synchronizes): no host sync allowed.
@@ -133,7 +121,7 @@ def step_us(run, repeats: int = 50) -> float:
 def timing(depth: int, topk: int, budget: int, spine: bool, batch: int = 8) -> tuple[float, float]:
     """(eager µs, replayed µs) per draft + greedy verify step, for information only."""
     gen = torch.Generator().manual_seed(0)
-    inputs = [t.cuda() for t in draft_inputs(gen, batch, depth, topk)]
+    inputs = [t.cuda() for t in step_inputs(gen, batch, depth, topk)]
     nexts = torch.randint(0, VOCAB, (batch, budget + 1)).cuda()
     graphs = StepGraphs([batch])
     eager = step_us(lambda: greedy_packed(eager_step(*inputs, budget, spine).tree, nexts))

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from core_cases import draft_inputs, walk_target
 
 from k26_ddtree.budget import max_budget
 from k26_ddtree.retrieve import tree_attention_mask, tree_positions
@@ -31,23 +32,10 @@ CASES = [
 ]
 
 
-def draft_inputs(gen: torch.Generator, batch: int, topk: int):
+def step_inputs(gen: torch.Generator, batch: int, topk: int):
     """(root, top_tokens, top_logprobs, prefix_lens); log-probs on a 0.5 grid, so scores tie."""
-    logits = torch.randn(batch, DEPTH, VOCAB, generator=gen) * 2.0
-    logprobs = torch.log_softmax(logits, dim=-1).topk(topk, dim=-1).values
-    logprobs = ((logprobs / 0.5).round() * 0.5).sort(dim=-1, descending=True).values.clamp(max=0.0)
-    tokens = torch.argsort(torch.rand(batch, DEPTH, VOCAB, generator=gen), dim=-1)[..., :topk]
-    root = torch.randint(0, VOCAB, (batch,), generator=gen)
+    root, tokens, logprobs = draft_inputs(gen, batch, DEPTH, topk, vocab=VOCAB, tie_step=0.5)
     return root, tokens, logprobs, torch.randint(0, 500, (batch,), generator=gen)
-
-
-def walked_target(gen: torch.Generator, tree) -> torch.Tensor:
-    """[B, N]: mostly the token of one of the node's children (walks go deep), else noise."""
-    batch, n = tree.parents.shape
-    is_child = tree.parents.unsqueeze(1) == torch.arange(n).view(1, n, 1)
-    child = ((torch.rand(batch, n, n, generator=gen) + 1.0) * is_child).argmax(dim=2)
-    follow = is_child.any(dim=2) & (torch.rand(batch, n, generator=gen) < 0.8)
-    return torch.where(follow, tree.tokens.gather(1, child), torch.randint(0, VOCAB, (batch, n), generator=gen))
 
 
 @pytest.mark.parametrize("batch,topk,budget,spine", CASES)
@@ -55,7 +43,7 @@ def test_eager_fallback_equals_the_plain_functions(batch, topk, budget, spine):
     gen = torch.Generator().manual_seed(batch * 1000 + topk * 100 + budget * 2 + spine)
     graphs = StepGraphs([1, 2, 4, 8, 16, 64])
     for _ in range(2):
-        root, tokens, logprobs, prefix_lens = draft_inputs(gen, batch, topk)
+        root, tokens, logprobs, prefix_lens = step_inputs(gen, batch, topk)
         step = graphs.draft(root, tokens, logprobs, prefix_lens, budget, spine)
         want = build_ddtree(root, tokens, logprobs, budget, spine=spine)
         assert step.graphs is None
@@ -65,7 +53,7 @@ def test_eager_fallback_equals_the_plain_functions(batch, topk, budget, spine):
         assert torch.equal(step.ancestor, tree_attention_mask(want))
         assert torch.equal(step.positions, tree_positions(want, prefix_lens))
 
-        target_next = walked_target(gen, want)
+        target_next = walk_target(gen, want, vocab=VOCAB)
         acc = verify_greedy(want, target_next)
         packed = step.greedy_packed(target_next)
         assert packed.shape == (batch, 2 * (DEPTH + 1) + 1)
@@ -77,9 +65,9 @@ def test_eager_fallback_equals_the_plain_functions(batch, topk, budget, spine):
 def test_walks_in_the_tests_accept_deep_paths():
     """The target of the equality test follows the tree often enough to test long paths."""
     gen = torch.Generator().manual_seed(0)
-    root, tokens, logprobs, prefix_lens = draft_inputs(gen, 16, 4)
+    root, tokens, logprobs, prefix_lens = step_inputs(gen, 16, 4)
     step = StepGraphs([]).draft(root, tokens, logprobs, prefix_lens, 64, False)
-    assert int(step.greedy_packed(walked_target(gen, step.tree))[:, -1].max()) >= 3
+    assert int(step.greedy_packed(walk_target(gen, step.tree, vocab=VOCAB))[:, -1].max()) >= 3
 
 
 def test_the_step_needs_no_host_sync():
@@ -120,9 +108,9 @@ def test_replayed_verify_refuses_a_target_of_the_wrong_shape():
 
 
 def test_hand_made_trees_get_an_eager_step():
-    """StepTree.of_tree: what DDTreeVerifyInput.from_tree uses for trees not from the builder."""
+    """StepTree.of_tree: the eager StepTree of a tree not from the builder."""
     gen = torch.Generator().manual_seed(5)
-    root, tokens, logprobs, prefix_lens = draft_inputs(gen, 3, 4)
+    root, tokens, logprobs, prefix_lens = step_inputs(gen, 3, 4)
     tree = build_ddtree(root, tokens, logprobs, 16)
     step = StepTree.of_tree(tree, prefix_lens)
     assert step.graphs is None

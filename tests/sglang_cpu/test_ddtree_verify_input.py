@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from k26_ddtree.retrieve import tree_attention_mask
+from k26_ddtree.sglang.step_graphs import StepTree
 from k26_ddtree.tree import DDTree
 from k26_ddtree.verify import verify_greedy
 
@@ -270,7 +271,7 @@ def test_one_tree_step_prepare_verify_commit(patched_sglang):
     reqs = [FakeReq([7, 50]), FakeReq([8, 60], stop_token=24)]
     batch = fake_batch(reqs, prefix_lens=[4, 2], req_pool_indices=[2, 0], allocator=allocator)
 
-    verify_input = DDTreeVerifyInput.from_tree(tree, batch.seq_lens)
+    verify_input = DDTreeVerifyInput.from_step(StepTree.of_tree(tree, batch.seq_lens))
     assert verify_input.draft_token_num == n
     assert verify_input.positions.view(2, n).tolist() == [[4, 5, 5, 6, 6, 7], [2, 3, 4, 5, 3, 4]]
     verify_input.prepare_for_verify(batch, 1, build_custom_mask=True)
@@ -315,7 +316,8 @@ def test_prepare_refuses_backends_without_tree_mask(patched_sglang):
     from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
 
     batch = fake_batch([FakeReq([1])], [3], [0], FakeAllocator(0))
-    verify_input = DDTreeVerifyInput.from_tree(hand_tree(parents=[PARENTS[0]], tokens=[TOKENS[0]]), batch.seq_lens)
+    tree = hand_tree(parents=[PARENTS[0]], tokens=[TOKENS[0]])
+    verify_input = DDTreeVerifyInput.from_step(StepTree.of_tree(tree, batch.seq_lens))
     with pytest.raises(RuntimeError, match="--attention-backend triton"):
         verify_input.prepare_for_verify(batch, 1, build_custom_mask=False)
 
@@ -352,7 +354,7 @@ def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
     node_logits = torch.randn(4, vocab, generator=gen) * 1.5
     node_logits[0, 1] += 3.0  # the root's first child is likely, so its subtree gets many draws
     logits = node_logits.repeat(draws, 1)
-    verify_input = DDTreeVerifyInput.from_tree(tree, torch.zeros(draws, dtype=torch.long))
+    verify_input = DDTreeVerifyInput.from_step(StepTree.of_tree(tree, torch.zeros(draws, dtype=torch.long)))
     batch = SimpleNamespace(batch_size=lambda: draws, sampling_info=FakeSamplingInfo(draws, temperature, vocab))
     torch.manual_seed(1)
     packed = verify_input._accept(batch, logits)
