@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from k26_ddtree.reference import heap_ddtree  # noqa: E402
-from k26_ddtree.retrieve import compile_ddtree_retrieve  # noqa: E402
-from k26_ddtree.tree import build_ddtree  # noqa: E402
+from k26_ddtree.core.reference import heap_ddtree  # noqa: E402
+from k26_ddtree.core.retrieve import compile_ddtree_retrieve  # noqa: E402
+from k26_ddtree.core.tree import build_ddtree  # noqa: E402
 
 DEPTH = 7
 BATCHES = (1, 8, 64)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from k26_ddtree import budget
+from k26_ddtree.core import budget
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import data_path
 
@@ -143,11 +143,6 @@ def shipped_names() -> list[str]:
     return sorted(p.stem for p in profiles_dir().glob("*.yaml") if p.stem != "base")
 
 
-def max_budget(topk: int, block_size: int) -> int:
-    """Nodes a tree of depth block-1 with `topk` children per node can hold (root excluded)."""
-    return budget.max_budget(block_size - 1, topk)
-
-
 def load_profile(ref: str, sets: list[str] | None = None) -> Profile:
     """Resolve `ref` (a shipped name or a .yaml path), its `extends:` chain and `--set` overrides."""
     path = _locate(ref, base_dir=Path.cwd())
@@ -224,7 +219,7 @@ def check_values(profile: Profile, origin: str) -> None:
         raise bad("speculative.topk", f"must be >= 1, got {spec['topk']}")
     if spec["budget"] < 1:
         raise bad("speculative.budget", f"must be >= 1, got {spec['budget']}")
-    limit = max_budget(spec["topk"], spec["block_size"])
+    limit = budget.max_budget(spec["block_size"] - 1, spec["topk"])
     if spec["budget"] > limit:
         raise bad(
             "speculative.budget",

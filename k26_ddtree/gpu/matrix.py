@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26_ddtree.budget import max_budget
+from k26_ddtree.core.budget import max_budget
 from k26_ddtree.errors import UserError
 
 BUDGETS = (4, 8, 16, 32, 64)

@@ -16,7 +16,7 @@ One decode step (spec v1, no overlap scheduler), DFlashWorker.forward_batch_gene
     (tests only) may rewrite them; then step_graphs.StepGraphs replays, in
     the CUDA graph of the smallest --cuda-graph-bs bucket that holds the
     batch (captured at worker start-up; eager where SGLang runs eager), the
-    tree build (k26_ddtree.tree.build_ddtree, validate=False: one fused
+    tree build (k26_ddtree.core.tree.build_ddtree, validate=False: one fused
     Triton kernel, budget + 1 nodes per request, root = verified_id), its
     ancestor mask and positions (prefix + depth): a StepTree.
  3. verify_input.DDTreeVerifyInput.from_step (a DFlashVerifyInput): tokens =

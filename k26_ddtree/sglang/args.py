@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from k26_ddtree.budget import codes_fit, max_budget
+from k26_ddtree.core.budget import codes_fit, max_budget
 
 logger = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from k26_ddtree.retrieve import tree_attention_mask, tree_positions
-from k26_ddtree.tree import DDTree, build_ddtree
-from k26_ddtree.verify import Acceptance, committed_tokens, verify_greedy
+from k26_ddtree.core.retrieve import tree_attention_mask, tree_positions
+from k26_ddtree.core.tree import DDTree, build_ddtree
+from k26_ddtree.core.verify import Acceptance, committed_tokens, verify_greedy
 
 logger = logging.getLogger(__name__)
 

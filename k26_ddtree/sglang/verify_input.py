@@ -41,10 +41,10 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from k26_ddtree.retrieve import compile_ddtree_retrieve
+from k26_ddtree.core.retrieve import compile_ddtree_retrieve
 from k26_ddtree.sglang.step_graphs import StepTree, pack_acceptance
-from k26_ddtree.tree import DDTree
-from k26_ddtree.verify import Acceptance, verify_sampling
+from k26_ddtree.core.tree import DDTree
+from k26_ddtree.core.verify import Acceptance, verify_sampling
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.mem_cache.common import alloc_token_slots
 from sglang.srt.speculative import dflash_utils

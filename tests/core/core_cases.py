@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from k26_ddtree.tree import DDTree, build_ddtree
+from k26_ddtree.core.tree import DDTree, build_ddtree
 
 
 def draft_inputs(gen: torch.Generator, batch: int, depth: int, topk: int, *, vocab: int = 1000, tie_step: float = 0.0):

@@ -12,11 +12,11 @@ import sys
 import torch
 from core_cases import draft_inputs, random_tree, walk_target
 
-from k26_ddtree.reference import heap_ddtree
-from k26_ddtree.retrieve import tree_attention_mask
-from k26_ddtree.budget import max_budget
-from k26_ddtree.tree import build_ddtree
-from k26_ddtree.verify import verify_greedy
+from k26_ddtree.core.reference import heap_ddtree
+from k26_ddtree.core.retrieve import tree_attention_mask
+from k26_ddtree.core.budget import max_budget
+from k26_ddtree.core.tree import build_ddtree
+from k26_ddtree.core.verify import verify_greedy
 
 FIELDS = ("tokens", "parents", "depths", "node_logws")
 # (D, K, budgets): chains, full trees (budget = every prefix), the server's shapes, a block-16 drafter.

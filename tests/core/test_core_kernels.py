@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from k26_ddtree import fused
-from k26_ddtree.tree import build_ddtree
+from k26_ddtree.core import fused
+from k26_ddtree.core.tree import build_ddtree
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,7 +47,7 @@ def test_cpu_calls_do_not_import_triton():
     """The default picks the torch ops on the CPU without touching Triton (a broken Triton
     install cannot break the CPU path)."""
     code = (
-        "import sys, torch; from k26_ddtree.tree import build_ddtree; "
+        "import sys, torch; from k26_ddtree.core.tree import build_ddtree; "
         "build_ddtree(torch.zeros(2, dtype=torch.long), torch.zeros(2, 7, 4, dtype=torch.long), torch.zeros(2, 7, 4), 8); "
         "assert 'triton' not in sys.modules, 'triton imported'"
     )

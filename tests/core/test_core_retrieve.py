@@ -6,9 +6,9 @@ import pytest
 import torch
 from core_cases import draft_inputs, meta_tree, random_tree
 
-from k26_ddtree.reference import children_of
-from k26_ddtree.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
-from k26_ddtree.tree import DDTree, build_ddtree
+from k26_ddtree.core.reference import children_of
+from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
+from k26_ddtree.core.tree import DDTree, build_ddtree
 
 
 def builder_tree(seed: int, batch: int, budget: int, spine: bool = False):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from core_cases import draft_inputs
 
-from k26_ddtree.reference import enumerate_ddtree, heap_ddtree
-from k26_ddtree.tree import DDTree, build_ddtree, max_budget
+from k26_ddtree.core.reference import enumerate_ddtree, heap_ddtree
+from k26_ddtree.core.tree import DDTree, build_ddtree, max_budget
 
 FIELDS = ("tokens", "parents", "depths", "node_logws")
 
@@ -207,7 +207,7 @@ def test_hot_path_has_no_host_sync():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_replay_matches_eager():
-    from k26_ddtree.retrieve import compile_ddtree_retrieve
+    from k26_ddtree.core.retrieve import compile_ddtree_retrieve
 
     gen = torch.Generator().manual_seed(11)
     args = [t.cuda() for t in draft_inputs(gen, 64, 7, 8, tie_step=0.25)]

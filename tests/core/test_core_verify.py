@@ -7,9 +7,9 @@ import pytest
 import torch
 from core_cases import draft_inputs, meta_tree, random_tree
 
-from k26_ddtree.reference import children_of, walk_greedy
-from k26_ddtree.tree import DDTree, build_ddtree
-from k26_ddtree.verify import Acceptance, committed_tokens, verify_greedy, verify_sampling
+from k26_ddtree.core.reference import children_of, walk_greedy
+from k26_ddtree.core.tree import DDTree, build_ddtree
+from k26_ddtree.core.verify import Acceptance, committed_tokens, verify_greedy, verify_sampling
 
 
 def target_next_often_on_tree(tree: DDTree, gen: torch.Generator, vocab: int, hit: float = 0.8) -> torch.Tensor:

@@ -8,7 +8,8 @@ import pytest
 
 from deploy_helpers import k26
 
-from k26_ddtree.deploy.profiles import load_profile, max_budget, shipped_names, with_sets
+from k26_ddtree.core.budget import max_budget
+from k26_ddtree.deploy.profiles import load_profile, shipped_names, with_sets
 from k26_ddtree.errors import UserError
 
 RENDER = ("render", "--allow-missing-model", "--no-verify")
@@ -64,8 +65,8 @@ def test_set_overrides_are_typed():
 
 
 def test_budget_range_follows_topk_and_block():
-    assert max_budget(4, 8) == sum(4**d for d in range(1, 8)) == 21844
-    assert max_budget(1, 8) == 7
+    assert max_budget(7, 4) == sum(4**d for d in range(1, 8)) == 21844
+    assert max_budget(7, 1) == 7
     assert load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=7"])["speculative"]["budget"] == 7
     with pytest.raises(UserError, match=r"at most 7"):
         load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=8"])

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from k26_ddtree.sglang.oracle import ENV_VAR, PLACE_ABSENT, Oracle, OracleError, place_token
-from k26_ddtree.tree import build_ddtree
-from k26_ddtree.verify import committed_tokens, verify_greedy
+from k26_ddtree.core.tree import build_ddtree
+from k26_ddtree.core.verify import committed_tokens, verify_greedy
 
 PROMPT = [5, 6, 7]
 AR = [40 + i for i in range(200)]

@@ -12,11 +12,11 @@ import pytest
 import torch
 from core_cases import draft_inputs, walk_target
 
-from k26_ddtree.budget import max_budget
-from k26_ddtree.retrieve import tree_attention_mask, tree_positions
+from k26_ddtree.core.budget import max_budget
+from k26_ddtree.core.retrieve import tree_attention_mask, tree_positions
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
-from k26_ddtree.tree import build_ddtree
-from k26_ddtree.verify import committed_tokens, verify_greedy
+from k26_ddtree.core.tree import build_ddtree
+from k26_ddtree.core.verify import committed_tokens, verify_greedy
 
 GRAPH_CHECK = Path(__file__).resolve().parents[1] / "gpu" / "graph_check.py"
 DEPTH = 7

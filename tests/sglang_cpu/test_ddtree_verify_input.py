@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from k26_ddtree.retrieve import tree_attention_mask
+from k26_ddtree.core.retrieve import tree_attention_mask
 from k26_ddtree.sglang.step_graphs import StepTree
-from k26_ddtree.tree import DDTree
-from k26_ddtree.verify import verify_greedy
+from k26_ddtree.core.tree import DDTree
+from k26_ddtree.core.verify import verify_greedy
 
 # Two requests, N = 6 nodes each (budget 5, depth cap 3).
 #   request 0:  0 -> 1 -> 3 -> 5       request 1:  0 -> 1 -> 2 -> 3

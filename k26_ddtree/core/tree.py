@@ -47,8 +47,8 @@ from functools import lru_cache
 
 import torch
 
-from k26_ddtree.budget import codes_fit, max_budget
-from k26_ddtree.fused import fused_kernel
+from k26_ddtree.core.budget import codes_fit, max_budget
+from k26_ddtree.core.fused import fused_kernel
 
 # A key is read back as two 32-bit words (little-endian: word 0 is the low
 # half): the path code as int32, the cost as float32; budget.codes_fit keeps
@@ -261,7 +261,7 @@ def build_ddtree(
     checked, since that costs nothing on the device. The first call for a shape
     and device copies a few constants to it, so make one before capturing.
     fused: whether the fused Triton kernel (tree_kernel.py) runs instead of the
-    torch ops; None (default) runs it for CUDA tensors (k26_ddtree.fused).
+    torch ops; None (default) runs it for CUDA tensors (k26_ddtree.core.fused).
     """
     budget = _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
     batch, depth, topk = top_tokens.shape

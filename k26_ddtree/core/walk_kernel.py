@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from k26_ddtree.tree import DDTree
-from k26_ddtree.verify import Acceptance
+from k26_ddtree.core.tree import DDTree
+from k26_ddtree.core.verify import Acceptance
 
 
 @triton.jit

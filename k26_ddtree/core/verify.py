@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from k26_ddtree.fused import fused_kernel
-from k26_ddtree.tree import DDTree
+from k26_ddtree.core.fused import fused_kernel
+from k26_ddtree.core.tree import DDTree
 
 
 @dataclass
@@ -86,7 +86,7 @@ def verify_greedy(tree: DDTree, target_next: torch.Tensor, *, fused: bool | None
     """Greedy verification; target_next [B, N] long is the target's argmax after each node.
 
     fused: whether the fused Triton walk (walk_kernel.py) runs instead of the torch
-    ops; None (default) runs it for CUDA tensors (k26_ddtree.fused).
+    ops; None (default) runs it for CUDA tensors (k26_ddtree.core.fused).
     """
     _check_tree_batch(tree, "target_next", target_next, 2)
     if target_next.dtype != torch.long:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k26_ddtree.tree import DDTree
+from k26_ddtree.core.tree import DDTree
 
 
 @triton.jit

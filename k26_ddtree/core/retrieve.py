@@ -13,8 +13,8 @@ from functools import lru_cache
 
 import torch
 
-from k26_ddtree.fused import fused_kernel
-from k26_ddtree.tree import DDTree
+from k26_ddtree.core.fused import fused_kernel
+from k26_ddtree.core.tree import DDTree
 
 
 def compile_ddtree_retrieve(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -82,7 +82,7 @@ def tree_attention_mask(tree: DDTree, *, fused: bool | None = None) -> torch.Ten
     """[B, N, N] bool: mask[b, i, j] is True iff node j is node i or one of its ancestors.
 
     fused: whether the fused Triton kernel (mask_kernel.py) runs instead of the torch
-    ops; None (default) runs it for CUDA tensors (k26_ddtree.fused).
+    ops; None (default) runs it for CUDA tensors (k26_ddtree.core.fused).
     """
     kernel = fused_kernel(fused, tree.parents, tree.num_nodes, "mask_kernel", "tree_attention_mask_fused")
     if kernel is not None:

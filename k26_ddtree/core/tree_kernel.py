@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k26_ddtree.tree import DDTree, plan_levels
+from k26_ddtree.core.tree import DDTree, plan_levels
 
 
 @triton.jit

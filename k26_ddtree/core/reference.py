@@ -15,7 +15,7 @@ import struct
 
 import torch
 
-from k26_ddtree.tree import DDTree
+from k26_ddtree.core.tree import DDTree
 
 
 def _f32(x: float) -> float:
