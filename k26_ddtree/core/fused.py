@@ -23,13 +23,13 @@ MAX_FUSED_NODES = 128
 @lru_cache(maxsize=None)
 def _kernel(module: str, name: str):
     try:
-        return getattr(importlib.import_module(f"k26_ddtree.core.{module}"), name)
+        return getattr(importlib.import_module(f"k26_ddtree.{module}"), name)
     except ImportError:
         return None
 
 
 def fused_kernel(fused: bool | None, tensor: torch.Tensor, nodes: int, module: str, name: str):
-    """k26_ddtree.core.<module>.<name>, or None where the torch ops should run.
+    """k26_ddtree.<module>.<name> (module e.g. "core.tree_kernel"), or None where the torch ops should run.
 
     fused None: the kernel for CUDA tensors of trees of at most MAX_FUSED_NODES nodes,
     when Triton is importable; True: the kernel, or a ValueError saying why it cannot

@@ -266,7 +266,7 @@ def build_ddtree(
     budget = _check_inputs(root_tokens, top_tokens, top_logprobs, budget, validate)
     batch, depth, topk = top_tokens.shape
     logprobs = top_logprobs.float()
-    kernel = fused_kernel(fused, top_tokens, budget + 1, "tree_kernel", "build_ddtree_fused")
+    kernel = fused_kernel(fused, top_tokens, budget + 1, "core.tree_kernel", "build_ddtree_fused")
     if kernel is not None:
         return kernel(root_tokens, top_tokens, logprobs, budget, spine)
     plan = _plan(depth, topk, budget, spine)

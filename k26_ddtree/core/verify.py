@@ -43,6 +43,38 @@ def committed_tokens(tree: DDTree, acc: Acceptance) -> torch.Tensor:
     return torch.where(slot < length, padded, torch.where(slot == length, acc.next_token.unsqueeze(1), -1))
 
 
+@dataclass(frozen=True)
+class PackedAcceptance:
+    """A batch's Acceptance with its committed tokens in one [B, 2 * (D + 1) + 1] long tensor,
+    so the host reads the whole outcome of a step with one device -> host copy.
+
+    rows[:, 0 : D + 1]        committed tokens: accepted drafts then the bonus, -1 padded
+    rows[:, D + 1 : 2D + 2]   accepted path, local node indices, root first, -1 padded
+    rows[:, 2D + 2]           accept length (accepted drafts)
+    """
+
+    rows: torch.Tensor
+
+    @classmethod
+    def pack(cls, tree: DDTree, acc: Acceptance) -> PackedAcceptance:
+        return cls(torch.cat([committed_tokens(tree, acc), acc.path, acc.accept_len.unsqueeze(1)], dim=1))
+
+    @property
+    def width(self) -> int:
+        """D + 1: the longest committed run (and path) of one request."""
+        return (self.rows.shape[1] - 1) // 2
+
+    @property
+    def path(self) -> torch.Tensor:
+        """[B, D + 1] the accepted paths (a view, on the rows' device)."""
+        return self.rows[:, self.width : 2 * self.width]
+
+    def committed_on_host(self) -> list[list[int]]:
+        """Each request's committed tokens (accepted drafts then the bonus): the one
+        device -> host copy of a step."""
+        return [row[: row[-1] + 1] for row in self.rows.cpu().tolist()]
+
+
 def _child_carrying(tree: DDTree, node: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(found [B] bool, child [B] long): the first child of `node` whose token is `token`."""
     match = (tree.parents == node.unsqueeze(1)) & (tree.tokens == token.unsqueeze(1))
@@ -91,7 +123,7 @@ def verify_greedy(tree: DDTree, target_next: torch.Tensor, *, fused: bool | None
     _check_tree_batch(tree, "target_next", target_next, 2)
     if target_next.dtype != torch.long:
         raise ValueError(f"target_next must be torch.long, got {target_next.dtype}")
-    kernel = fused_kernel(fused, target_next, tree.num_nodes, "walk_kernel", "verify_greedy_fused")
+    kernel = fused_kernel(fused, target_next, tree.num_nodes, "core.walk_kernel", "verify_greedy_fused")
     if kernel is not None:
         return kernel(tree, target_next)
     return _walk(tree, lambda node: target_next.gather(1, node.unsqueeze(1)).squeeze(1))

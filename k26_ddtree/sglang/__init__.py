@@ -1,40 +1,43 @@
 """DDTree inside SGLang 0.5.11's DFlash: the code the patched SGLang files call.
 
 This package is the only part of k26_ddtree that imports sglang (verify_input
-does, at import; args, guards and buffers do not, so server_args.py,
-cuda_graph_runner.py and triton_backend.py can import them without cycles).
+and verify_utils do, at import; args, guards, buffers, draft and step_graphs
+do not, so server_args.py, cuda_graph_runner.py and triton_backend.py can
+import them without cycles). The algorithm itself is k26_ddtree.core.
 
-One decode step (spec v1, no overlap scheduler), DFlashWorker.forward_batch_generation:
+One decode step (spec v1, no overlap scheduler), top-down in five files:
 
- 1. _prepare_for_speculative_decoding: newly committed target features go into
-    the draft KV cache, the draft block [verified_id, MASK x (block-1)] runs
-    once in TARGET_VERIFY mode on the draft runner (its own CUDA graph, sized
-    for the block). Unchanged from DFlash.
- 2. draft.draft_tree: top-K tokens and log-probs per draft position from the
-    draft hidden states through the target lm_head (vocab-sharded under TP:
-    per-shard top-K + all_gather + global log-sum-exp), eager; the oracle
-    (tests only) may rewrite them; then step_graphs.StepGraphs replays, in
-    the CUDA graph of the smallest --cuda-graph-bs bucket that holds the
-    batch (captured at worker start-up; eager where SGLang runs eager), the
-    tree build (k26_ddtree.core.tree.build_ddtree, validate=False: one fused
-    Triton kernel, budget + 1 nodes per request, root = verified_id), its
-    ancestor mask and positions (prefix + depth): a StepTree.
- 3. verify_input.DDTreeVerifyInput.from_step (a DFlashVerifyInput): tokens =
-    the tree's nodes, positions from the StepTree; prepare_for_verify
-    allocates bs * N KV slots and builds the triton custom mask from the
-    StepTree's ancestor mask (per request N rows of prefix + N: prefix
-    visible, then the ancestor mask).
- 4. The target verify forward: unchanged call; its CUDA graph, logits buffer
-    and triton buffers are sized for N = budget + 1 because the target's
-    speculative_num_draft_tokens is budget + 1.
- 5. DDTreeVerifyInput.verify: greedy, the argmax (eager) then the walk and
-    its packing in the bucket's second graph (StepTree.greedy_packed);
-    sampling, the tree sampling kernel, eager; either gives the accepted path
-    and bonus in one packed tensor, copied to the host once; tokens are
-    appended to each request as DFlash does; the path's KV slots are written
-    to req_to_token in depth order, the rest freed; the target hidden states
-    at the path nodes become the next draft context. Returns DFlash's 4-tuple, so the worker's tail (draft KV
-    append, sliding window, metrics) is unchanged.
+  DFlashWorker._prepare_for_speculative_decoding   (the patched dflash_worker.py)
+    newly committed target features go into the draft KV cache; the draft block
+    [verified_id, MASK x (block-1)] runs once on the draft runner (its own CUDA
+    graph, sized for the block). Unchanged from DFlash. Then:
+
+  1. draft.py        DDTreeDrafter.draft(verified_id, draft_hidden, batch) -> StepTree
+                     the block's top-K log-probs through the target lm_head (vocab-sharded
+                     under TP: per-shard top-K + all_gather + global log-sum-exp), then
+                     the tree (core.tree.build_ddtree, budget + 1 nodes, root =
+                     verified_id), its ancestor mask, positions (prefix + depth) and
+                     retrieve links
+  2. step_graphs.py  StepGraphs replays that fixed-shape work from the CUDA graph of the
+                     smallest --cuda-graph-bs bucket holding the batch (all captured at
+                     worker start-up; on one rank the lm_head and top-K are inside the
+                     graph too), or runs the same functions eagerly
+  3. verify_input.py DDTreeVerifyInput.from_step (a DFlashVerifyInput): prepare_for_verify
+                     allocates bs * N KV slots, assigns them to req_to_token and builds
+                     the triton tree mask. The target verify forward runs unchanged: its
+                     CUDA graph, logits buffer and triton buffers are sized for
+                     N = budget + 1 because the target's speculative_num_draft_tokens is
+                     budget + 1. Then verify(): accept (greedy walk in the step's verify
+                     graph, or the exact tree-sampling kernel) -> record_on_requests
+                     (output ids, finish, grammar, metrics, KV lengths; the one device ->
+                     host copy) -> commit_on_device (the path's KV slots to req_to_token
+                     in depth order, the rest freed; the path nodes' target hidden states
+                     become the next draft context). Returns DFlash's 4-tuple, so the
+                     worker's tail (draft KV append, sliding window, metrics) is unchanged.
+  4. verify_utils.py the maths: custom mask, slot assignment, path commit (a fused Triton
+                     kernel each on CUDA, verify_kernels.py), target probabilities and
+                     the sampling kernel call
+  5. core/           tree.py, retrieve.py, verify.py: the algorithm, shape-documented
 
 Metrics: spec_verify_ct and spec_accept_length (= committed tokens per verify
 step = accepted drafts + 1, as DFlash counts) keep their meaning;
@@ -51,8 +54,9 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 buffers added to the static-memory reserve.
   speculative/dflash_worker.py  __init__: draft args get the block (args.apply_to_draft_args),
                                 block_size from args.draft_block_size, hybrid-model
-                                check, oracle, the StepGraphs cache (every bucket
-                                captured here);
+                                check, the DDTreeDrafter (every step graph captured here;
+                                the test-only top-K hook installed only when its
+                                environment variable is set);
                                 _prepare_for_speculative_decoding: the tree instead of
                                 the argmax chain.
   model_executor/model_runner_kv_cache_mixin.py
@@ -76,10 +80,10 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 buffers.triton_graph_sizes (per request, not per verified
                                 token, for the TARGET_VERIFY-only DFlash runners).
 
-Graph mode: the draft graph's hidden states are consumed (lm_head matmul), the
-step graphs' tree, mask, positions and packed result and the target graph's
-logits and hidden states are consumed (argmax / probs, index copies) within the
-step that produced them, before any of these graphs replays again. Eager mode
-(--disable-cuda-graph, or batches above cuda-graph-max-bs) runs the same code
-with the same sizes.
+Graph mode: the draft graph's hidden states are consumed (copied into the step
+graph, or through the lm_head), the step graphs' tree, mask, positions and
+packed result and the target graph's logits and hidden states are consumed
+(argmax / probs, index copies) within the step that produced them, before any
+of these graphs replays again. Eager mode (--disable-cuda-graph, or batches
+above cuda-graph-max-bs) runs the same code with the same sizes.
 """

@@ -1,4 +1,4 @@
-"""Draft top-K: the K most likely tokens per draft position and their log-probs, under TP.
+"""The draft half of a DDTree decode step: the block's top-K log-probs, then the tree.
 
 DFlash's one block forward is unchanged; where DFlash takes the argmax of the
 target lm_head on the draft hidden states, DDTree needs the top-K tokens and
@@ -12,51 +12,113 @@ beats every other token of its own shard), so the merge is exact.
 The logits are the plain hidden @ weight.T the DFlash argmax uses (no logit
 scaling or soft-capping): the log-probs only rank the tree's prefixes, the
 target's verification decides what is committed.
+
+DDTreeDrafter.draft is what the worker calls. On one rank with no top-K hook
+the whole draft piece (lm_head, top-K, tree, mask, positions) replays from one
+CUDA graph (step_graphs); under TP the top-K and its all_gather run eagerly
+and the graph starts from the merged top-K.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
+from k26_ddtree.sglang.args import DDTreeConfig
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
 
 ROWS_PER_CHUNK = 256
 
+# Test-only: names the oracle drafter's file (k26_ddtree.gpu.oracle); unset in service.
+TOPK_HOOK_ENV = "K26_DDTREE_ORACLE"
 
-def _shard_logits(hidden: torch.Tensor, lm_head) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logits [M, n] float32, global token id of each column [n]) of this rank's vocab shard;
-    the ids are None when the columns are the base vocab alone, which starts at
-    org_vocab_start_index (the usual case: no id table to build and gather per step)."""
-    shard = lm_head.shard_indices
-    weight = lm_head.weight
-    num_org = int(shard.num_org_elements)
-    num_org_padded = int(shard.num_org_elements_padded)
-    num_added = int(shard.num_added_elements)
-    hs = hidden if hidden.dtype == weight.dtype else hidden.to(weight.dtype)
-    logits = torch.matmul(hs, weight[:num_org].T).float()
-    if num_added == 0:
-        return logits, None
-    # Added (e.g. LoRA) vocab sits after the padded base vocab in the local weight.
-    device = hidden.device
-    added = torch.matmul(hs, weight[num_org_padded : num_org_padded + num_added].T).float()
-    ids = torch.cat(
-        [
-            torch.arange(num_org, device=device) + int(shard.org_vocab_start_index),
-            torch.arange(num_added, device=device) + int(shard.added_vocab_start_index),
-        ]
-    )
-    return torch.cat([logits, added], dim=1), ids
+TopKHook = Callable[[list, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 
-def _chunk_topk(hidden: torch.Tensor, lm_head, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits, column_ids = _shard_logits(hidden, lm_head)
+@dataclass(frozen=True)
+class DraftHead:
+    """This rank's vocab shard of the target lm_head, as the drafter reads it.
+
+    weight      [local vocab (padded), H]: base vocab rows [0, num_org), added
+                vocab rows [num_org_padded, num_org_padded + num_added)
+    tp_group    SGLang's GroupCoordinator (world_size, all_gather_into_tensor);
+                None or world_size 1: this shard is the whole vocabulary
+    """
+
+    weight: torch.Tensor
+    num_org: int
+    org_start: int
+    num_org_padded: int
+    num_added: int
+    added_start: int
+    tp_group: object = None
+
+    @classmethod
+    def of(cls, lm_head, tp_group=None) -> DraftHead:
+        shard = lm_head.shard_indices
+        return cls(
+            weight=lm_head.weight,
+            num_org=int(shard.num_org_elements),
+            org_start=int(shard.org_vocab_start_index),
+            num_org_padded=int(shard.num_org_elements_padded),
+            num_added=int(shard.num_added_elements),
+            added_start=int(shard.added_vocab_start_index),
+            tp_group=tp_group,
+        )
+
+    @property
+    def tp_size(self) -> int:
+        return 1 if self.tp_group is None else int(self.tp_group.world_size)
+
+    def shard_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [M, n] float32, global token id of each column [n]) of this shard; the ids
+        are None when the columns are the base vocab alone (no id table to build per step)."""
+        hs = hidden if hidden.dtype == self.weight.dtype else hidden.to(self.weight.dtype)
+        logits = torch.matmul(hs, self.weight[: self.num_org].T).float()
+        if self.num_added == 0:
+            return logits, None
+        # Added (e.g. LoRA) vocab sits after the padded base vocab in the local weight.
+        start = self.num_org_padded
+        added = torch.matmul(hs, self.weight[start : start + self.num_added].T).float()
+        ids = torch.cat(
+            [
+                torch.arange(self.num_org, device=hidden.device) + self.org_start,
+                torch.arange(self.num_added, device=hidden.device) + self.added_start,
+            ]
+        )
+        return torch.cat([logits, added], dim=1), ids
+
+    def topk_logprobs(self, hidden: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids [M, K] long, log-probs [M, K] float32, descending along K) for hidden [M, H],
+        over the whole vocabulary. One rank: a fixed sequence of ops (CUDA-graph capturable)."""
+        values, token_ids, lse = shard_topk(hidden, self, topk)
+        if self.tp_size == 1:
+            # One shard is the whole vocabulary: its top-K, already descending, is the answer.
+            return token_ids, (values - lse.unsqueeze(1)).clamp(max=0.0)
+        tp, rows = self.tp_size, hidden.shape[0]
+        gathered_values = values.new_empty((tp * rows, topk))
+        gathered_ids = token_ids.new_empty((tp * rows, topk))
+        gathered_lse = lse.new_empty((tp * rows,))
+        self.tp_group.all_gather_into_tensor(gathered_values, values.contiguous())
+        self.tp_group.all_gather_into_tensor(gathered_ids, token_ids.contiguous())
+        self.tp_group.all_gather_into_tensor(gathered_lse, lse.contiguous())
+        return merge_shards(
+            gathered_values.view(tp, rows, topk),
+            gathered_ids.view(tp, rows, topk),
+            gathered_lse.view(tp, rows),
+            topk,
+        )
+
+
+def _chunk_topk(hidden: torch.Tensor, head: DraftHead, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits, column_ids = head.shard_logits(hidden)
     k = min(topk, logits.shape[1])
     top = logits.topk(k, dim=1)
-    if column_ids is None:
-        token_ids = top.indices + int(lm_head.shard_indices.org_vocab_start_index)
-    else:
-        token_ids = column_ids[top.indices]
+    token_ids = top.indices + head.org_start if column_ids is None else column_ids[top.indices]
     values = top.values
     if k < topk:
         values = F.pad(values, (0, topk - k), value=float("-inf"))
@@ -64,7 +126,7 @@ def _chunk_topk(hidden: torch.Tensor, lm_head, topk: int) -> tuple[torch.Tensor,
     return values, token_ids, torch.logsumexp(logits, dim=1)
 
 
-def shard_topk(hidden: torch.Tensor, lm_head, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def shard_topk(hidden: torch.Tensor, head: DraftHead, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's part: (values [M, K] f32, token ids [M, K] long, log-sum-exp [M] f32).
 
     A shard with fewer than K tokens pads with -inf values, which never win the merge.
@@ -72,11 +134,8 @@ def shard_topk(hidden: torch.Tensor, lm_head, topk: int) -> tuple[torch.Tensor, 
     """
     rows = hidden.shape[0]
     if rows <= ROWS_PER_CHUNK:
-        return _chunk_topk(hidden, lm_head, topk)
-    parts = [
-        _chunk_topk(hidden[start : start + ROWS_PER_CHUNK], lm_head, topk)
-        for start in range(0, rows, ROWS_PER_CHUNK)
-    ]
+        return _chunk_topk(hidden, head, topk)
+    parts = [_chunk_topk(hidden[start : start + ROWS_PER_CHUNK], head, topk) for start in range(0, rows, ROWS_PER_CHUNK)]
     return tuple(torch.cat(columns, dim=0) for columns in zip(*parts))
 
 
@@ -96,62 +155,51 @@ def merge_shards(
     return candidate_ids.gather(1, top.indices), logprobs
 
 
-def topk_logprobs(
-    hidden: torch.Tensor, lm_head, topk: int, tp_group=None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids [M, K] long, log-probs [M, K] float32, descending along K) for hidden [M, H].
+def topk_hook_from_env() -> TopKHook | None:
+    """The test-only top-K rewrite (the oracle drafter) when TOPK_HOOK_ENV names its file, else None."""
+    if not os.environ.get(TOPK_HOOK_ENV):
+        return None
+    from k26_ddtree.gpu.oracle import Oracle
 
-    tp_group: SGLang's GroupCoordinator (world_size, all_gather_into_tensor); None or
-    world_size 1 means the lm_head holds the whole vocabulary.
-    """
-    values, token_ids, lse = shard_topk(hidden, lm_head, topk)
-    tp = 1 if tp_group is None else int(tp_group.world_size)
-    if tp == 1:
-        # One shard is the whole vocabulary: its top-K, already descending, is the answer.
-        return token_ids, (values - lse.unsqueeze(1)).clamp(max=0.0)
-    rows = hidden.shape[0]
-    gathered_values = values.new_empty((tp * rows, topk))
-    gathered_ids = token_ids.new_empty((tp * rows, topk))
-    gathered_lse = lse.new_empty((tp * rows,))
-    tp_group.all_gather_into_tensor(gathered_values, values.contiguous())
-    tp_group.all_gather_into_tensor(gathered_ids, token_ids.contiguous())
-    tp_group.all_gather_into_tensor(gathered_lse, lse.contiguous())
-    return merge_shards(
-        gathered_values.view(tp, rows, topk),
-        gathered_ids.view(tp, rows, topk),
-        gathered_lse.view(tp, rows),
-        topk,
-    )
+    return Oracle.from_env(TOPK_HOOK_ENV).rewrite
 
 
-def draft_tree(
-    config,
-    verified_id: torch.Tensor,
-    draft_hidden: torch.Tensor,
-    lm_head,
-    tp_group,
-    *,
-    prefix_lens: torch.Tensor,
-    graphs: StepGraphs,
-    oracle=None,
-    reqs=None,
-) -> StepTree:
-    """The DDTree of one decode step, with its ancestor mask and positions.
+class DDTreeDrafter:
+    """The draft half of a worker's DDTree step: its config, lm_head shard, step graphs and hook."""
 
-    config        DDTreeConfig
-    verified_id   [B] the last committed token, the root of every tree
-    draft_hidden  [B, block_size, H] the draft block's hidden states; position 0 is the root's
-    prefix_lens   [B] committed tokens with KV in the target cache; the root sits at position prefix_len
-    graphs        the worker's StepGraphs: the tree is built in its CUDA graph for this batch size,
-                  or eagerly where it falls back
-    oracle        test-only Oracle rewriting the top-K of the requests it knows (None: off)
-    """
-    batch, block, hidden_size = draft_hidden.shape
-    tokens, logprobs = topk_logprobs(
-        draft_hidden[:, 1:, :].reshape(-1, hidden_size), lm_head, config.topk, tp_group
-    )
-    tokens = tokens.view(batch, block - 1, config.topk)
-    logprobs = logprobs.view(batch, block - 1, config.topk)
-    if oracle is not None:
-        tokens, logprobs = oracle.rewrite(reqs, tokens, logprobs)
-    return graphs.draft(verified_id, tokens, logprobs, prefix_lens, config.budget, config.spine)
+    def __init__(self, config: DDTreeConfig, head: DraftHead, graphs: StepGraphs, topk_hook: TopKHook | None = None):
+        self.config = config
+        self.head = head
+        self.graphs = graphs
+        self.topk_hook = topk_hook
+
+    @classmethod
+    def for_worker(cls, config: DDTreeConfig, server_args, lm_head, tp_group, device) -> DDTreeDrafter:
+        """Built at worker start-up: every step graph is captured here, none in a step."""
+        head = DraftHead.of(lm_head, tp_group)
+        hook = topk_hook_from_env()
+        # The graph can own the top-K only where it needs no collective and nothing rewrites it.
+        graph_head = head if head.tp_size == 1 and hook is None else None
+        graphs = StepGraphs.for_server(config, server_args, device, graph_head)
+        graphs.capture()
+        return cls(config, head, graphs, hook)
+
+    def draft(self, verified_id: torch.Tensor, draft_hidden: torch.Tensor, batch) -> StepTree:
+        """This step's tree, ancestor mask and positions.
+
+        verified_id   [B] the last committed token, the root of every tree
+        draft_hidden  [B, block_size, H] the draft block's hidden states; position 0 is the root's
+        batch         the ScheduleBatch: seq_lens [B] (the root sits at position seq_len), and
+                      reqs for the top-K hook
+        """
+        hidden = draft_hidden[:, 1:, :]
+        if self.graphs.owns_topk:
+            return self.graphs.draft_from_hidden(verified_id, hidden, batch.seq_lens)
+        batch_size, depth, hidden_size = hidden.shape
+        topk = self.config.topk
+        tokens, logprobs = self.head.topk_logprobs(hidden.reshape(-1, hidden_size), topk)
+        tokens = tokens.view(batch_size, depth, topk)
+        logprobs = logprobs.view(batch_size, depth, topk)
+        if self.topk_hook is not None:
+            tokens, logprobs = self.topk_hook(batch.reqs, tokens, logprobs)
+        return self.graphs.draft(verified_id, tokens, logprobs, batch.seq_lens)

@@ -1,27 +1,27 @@
-"""CUDA graphs for the fixed-shape DDTree work of a decode step, one pair per batch size.
+"""CUDA graphs of a DDTree step's fixed-shape work, one pair per batch-size bucket.
 
-Between the draft model's graph and the target's graph a DDTree step runs the
-tree build, its ancestor mask and positions, then the greedy walk and the
-packing of its result: three fused kernels on CUDA and a dozen small torch
-ops (a few hundred small kernels with the torch ops alone). Launched eagerly,
-host dispatch would make a step CPU-bound on a fast model, so both pieces are
-captured once per shape and replayed:
+Between the draft model's graph and the target's graph a DDTree step runs:
 
-  draft   (root [B], top_tokens [B, D, K], top_logprobs [B, D, K], prefix_lens [B])
-          -> the DDTree, its ancestor mask [B, N, N] bool, positions [B, N] long
-  verify  target_next [B, N] long -> packed [B, 2 * (D + 1) + 1] long: committed
-          tokens, accepted path, accept length (the one row per request the host reads),
-          walked on the tree the draft graph of the same step produced.
+  draft   from the draft hidden states [B, D, H] (one rank: lm_head, top-K and log-sum-exp
+          inside the graph) or from the merged top-K tokens and log-probs [B, D, K] (under
+          TP, or with a top-K hook), with the roots [B] and prefix lengths [B]
+          -> StepTree: the DDTree, its ancestor mask [B, N, N], positions [B, N] and the
+             first-child / next-sibling links [B, N] the sampling kernel walks
+  verify  the target's argmax after every node, written straight into the graph's input
+          -> PackedAcceptance of the greedy walk [B, 2 * (D + 1) + 1], the one row per
+             request the host reads
 
-Top-K (it has the TP all_gather), the oracle, the argmax and sampling stay eager.
-As SGLang does for its own graphs, one graph pair serves a bucket of batch sizes
-(the server's --cuda-graph-bs): a batch is padded up to the smallest bucket that
-holds it (its rows copied in, the outputs' first B rows read back; padding rows
-keep earlier valid inputs, so every row builds a valid tree). The worker
-captures every bucket at start-up (capture), so no step pays for a capture or a
-kernel compile; a shape not captured yet is captured on first use. The eager
-path (same functions, same results) serves the CPU, servers run with
---disable-cuda-graph, batches above the largest bucket and empty batches.
+Launched eagerly that is a few dozen small kernels (a few hundred with the torch
+ops alone), and host dispatch would make a step CPU-bound on a fast model, so
+both pieces are captured once per shape and replayed. As SGLang does for its
+own graphs, one graph pair serves a bucket of batch sizes (the server's
+--cuda-graph-bs): a batch is padded up to the smallest bucket that holds it
+(its rows copied in, the outputs' first B rows read back; padding rows keep
+earlier valid inputs, so every row builds a valid tree). Every bucket is
+captured at worker start-up (capture), so no step pays for a capture or a
+kernel compile. The eager path (same functions, same results) serves the CPU,
+servers run with --disable-cuda-graph, batches above the largest bucket and
+empty batches.
 
 WHY static outputs are safe: a replay overwrites the previous replay's outputs
 of the same shape. DFlash runs spec v1 without the overlap scheduler, so draft,
@@ -37,207 +37,232 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-from k26_ddtree.core.retrieve import tree_attention_mask, tree_positions
+from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
 from k26_ddtree.core.tree import DDTree, build_ddtree
-from k26_ddtree.core.verify import Acceptance, committed_tokens, verify_greedy
+from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
 
 logger = logging.getLogger(__name__)
-
-
-def pack_acceptance(tree: DDTree, acc: Acceptance) -> torch.Tensor:
-    """[B, 2 * (D + 1) + 1] long: committed tokens (-1 padded), accepted path (-1 padded), accept length."""
-    return torch.cat([committed_tokens(tree, acc), acc.path, acc.accept_len.unsqueeze(1)], dim=1)
-
-
-def greedy_packed(tree: DDTree, target_next: torch.Tensor) -> torch.Tensor:
-    """pack_acceptance of the greedy walk; target_next [B, N] long is the target's argmax per node."""
-    return pack_acceptance(tree, verify_greedy(tree, target_next))
 
 
 @dataclass
 class StepTree:
     """One decode step's tree and what the target verify needs from it.
 
-    tree       the DDTree (build_ddtree, validate=False)
-    ancestor   [B, N, N] bool tree_attention_mask(tree)
-    positions  [B, N] long prefix length + depth
-    graphs     the captured graphs these tensors are outputs of; None when eager
+    tree          the DDTree (build_ddtree, validate=False)
+    ancestor      [B, N, N] bool tree_attention_mask(tree)
+    positions     [B, N] long prefix length + depth
+    retrieve      compile_ddtree_retrieve(tree): index, next_token, next_sibling, each [B, N] long
+    graphs        the bucket graphs these tensors are outputs of; None when eager
     """
 
     tree: DDTree
     ancestor: torch.Tensor
     positions: torch.Tensor
-    graphs: _ShapeGraphs | None = None
+    retrieve: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    graphs: _BucketGraphs | None = None
 
     @classmethod
     def of_tree(cls, tree: DDTree, prefix_lens: torch.Tensor) -> StepTree:
         """The eager StepTree of any tree (hand-made ones included); prefix_lens [B]."""
-        return cls(tree, tree_attention_mask(tree), tree_positions(tree, prefix_lens))
+        return cls(tree, tree_attention_mask(tree), tree_positions(tree, prefix_lens), compile_ddtree_retrieve(tree))
 
-    def greedy_packed(self, target_next: torch.Tensor) -> torch.Tensor:
-        """greedy_packed(self.tree, target_next); from a graph, a static buffer valid until the next step."""
+    def accept_greedy(self, logits: torch.Tensor) -> PackedAcceptance:
+        """The greedy walk on this tree; logits [B * N, V] are the target's after every node.
+        From a graph the rows are a static buffer, valid until the next step."""
         if self.graphs is None:
-            return greedy_packed(self.tree, target_next)
-        return self.graphs.verify(target_next)
+            target_next = torch.argmax(logits, dim=-1).view(self.tree.tokens.shape)
+            return PackedAcceptance.pack(self.tree, verify_greedy(self.tree, target_next))
+        return self.graphs.verify(logits)
 
 
-def eager_step(
-    root: torch.Tensor,
-    top_tokens: torch.Tensor,
-    top_logprobs: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    budget: int,
-    spine: bool,
-) -> StepTree:
-    """The draft piece run eagerly: what a graph replay gives, from the same functions."""
-    tree = build_ddtree(root, top_tokens, top_logprobs, budget, spine=spine, validate=False)
+def tree_step(config, root, top_tokens, top_logprobs, prefix_lens) -> StepTree:
+    """The draft piece from the merged top-K: root [B] long, top_tokens / top_logprobs [B, D, K],
+    prefix_lens [B]; config is the DDTreeConfig (budget, spine)."""
+    tree = build_ddtree(root, top_tokens, top_logprobs, config.budget, spine=config.spine, validate=False)
     return StepTree.of_tree(tree, prefix_lens)
 
 
-class _ShapeGraphs:
-    """The draft and verify graphs of one (bucket, D, K, budget, spine), with their static buffers."""
+def hidden_step(config, head, root, hidden, prefix_lens) -> StepTree:
+    """The draft piece from the draft hidden states [B, D, H] on one rank: head.topk_logprobs
+    (lm_head, top-K, log-sum-exp) then tree_step."""
+    batch, depth, hidden_size = hidden.shape
+    tokens, logprobs = head.topk_logprobs(hidden.reshape(-1, hidden_size), config.topk)
+    shape = (batch, depth, config.topk)
+    return tree_step(config, root, tokens.view(shape), logprobs.view(shape), prefix_lens)
 
-    def __init__(self, bucket: int, depth: int, topk: int, budget: int, spine: bool, device, pool):
-        self.root, self.top_tokens, self.top_logprobs, self.prefix_lens, self.target_next = self.inputs(
-            bucket, depth, topk, budget, device
+
+def _copy_rows(name: str, static: torch.Tensor, got: torch.Tensor) -> None:
+    """static[:B] = got, refusing what a broadcasting copy would silently accept."""
+    if tuple(got.shape[1:]) != tuple(static.shape[1:]) or got.dtype.is_floating_point != static.dtype.is_floating_point:
+        raise ValueError(
+            f"{name} must be [B, {', '.join(map(str, static.shape[1:]))}] {static.dtype}, "
+            f"got {list(got.shape)} {got.dtype}"
         )
+    static[: got.shape[0]].copy_(got)
 
-        def draft() -> StepTree:
-            return eager_step(self.root, self.top_tokens, self.top_logprobs, self.prefix_lens, budget, spine)
+
+class _BucketGraphs:
+    """The draft and verify graphs of one batch-size bucket, with their static buffers."""
+
+    def __init__(self, config, bucket: int, head, device: torch.device, pool):
+        depth, topk, n = config.block_size - 1, config.topk, config.budget + 1
+        self.root = torch.zeros(bucket, dtype=torch.long, device=device)
+        self.prefix_lens = torch.zeros(bucket, dtype=torch.long, device=device)
+        # A valid step (log-probs descending, <= 0; any hidden) until real rows are copied in.
+        if head is None:
+            self.top_tokens = torch.zeros(bucket, depth, topk, dtype=torch.long, device=device)
+            self.top_logprobs = -torch.arange(topk, dtype=torch.float32, device=device).expand(bucket, depth, topk).clone()
+            self.inputs = {"top_tokens": self.top_tokens, "top_logprobs": self.top_logprobs}
+
+            def draft() -> StepTree:
+                return tree_step(config, self.root, self.top_tokens, self.top_logprobs, self.prefix_lens)
+        else:
+            self.hidden = torch.zeros(bucket, depth, head.weight.shape[1], dtype=head.weight.dtype, device=device)
+            self.inputs = {"hidden": self.hidden}
+
+            def draft() -> StepTree:
+                return hidden_step(config, head, self.root, self.hidden, self.prefix_lens)
+        self.target_next = torch.zeros(bucket, n, dtype=torch.long, device=device)
 
         # Warm-up on a side stream, as capture requires; it also makes build_ddtree's
-        # per-shape device constants, which must exist before capture.
+        # per-shape device constants and compiles the kernels, which must happen before capture.
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            greedy_packed(draft().tree, self.target_next)
+            warm = draft()
+            PackedAcceptance.pack(warm.tree, verify_greedy(warm.tree, self.target_next))
         torch.cuda.current_stream(device).wait_stream(side)
 
         # thread_local: the worker's process has other threads; a CUDA call from one of
         # them must neither fail nor invalidate this capture.
         self.draft_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.draft_graph, pool=pool, capture_error_mode="thread_local"):
-            step = draft()
-        self.tree, self.ancestor, self.positions = step.tree, step.ancestor, step.positions
+            self.step = draft()
         self.verify_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.verify_graph, pool=pool, capture_error_mode="thread_local"):
-            self.packed = greedy_packed(self.tree, self.target_next)
+            self.packed = PackedAcceptance.pack(self.step.tree, verify_greedy(self.step.tree, self.target_next)).rows
+        self.batch = 0
 
-    @staticmethod
-    def inputs(bucket: int, depth: int, topk: int, budget: int, device) -> tuple[torch.Tensor, ...]:
-        """Static inputs (root, top_tokens, top_logprobs, prefix_lens, target_next) holding a
-        valid step (log-probs descending, <= 0) until real rows are copied in."""
-        return (
-            torch.zeros(bucket, dtype=torch.long, device=device),
-            torch.zeros(bucket, depth, topk, dtype=torch.long, device=device),
-            -torch.arange(topk, dtype=torch.float32, device=device).expand(bucket, depth, topk).clone(),
-            torch.zeros(bucket, dtype=torch.long, device=device),
-            torch.zeros(bucket, budget + 1, dtype=torch.long, device=device),
-        )
-
-    def draft(self, root, top_tokens, top_logprobs, prefix_lens) -> StepTree:
-        batch = top_tokens.shape[0]
-        if top_tokens.dtype != torch.long:
-            raise ValueError(f"top_tokens must be torch.long, got {top_tokens.dtype}")
-        self.batch = batch
+    def replay_draft(self, root: torch.Tensor, prefix_lens: torch.Tensor, **inputs: torch.Tensor) -> StepTree:
+        batch = root.shape[0]
+        for name, got in inputs.items():
+            _copy_rows(name, self.inputs[name], got)
         self.root[:batch].copy_(root)
-        self.top_tokens[:batch].copy_(top_tokens)
-        self.top_logprobs[:batch].copy_(top_logprobs)
         self.prefix_lens[:batch].copy_(prefix_lens)
         self.draft_graph.replay()
-        t = self.tree
-        tree = DDTree(
-            t.tokens[:batch], t.parents[:batch], t.depths[:batch], t.node_logws[:batch], t.max_depth, t.best_first
-        )
-        return StepTree(tree, self.ancestor[:batch], self.positions[:batch], self)
+        self.batch = batch
+        s, t = self.step, self.step.tree
+        tree = DDTree(t.tokens[:batch], t.parents[:batch], t.depths[:batch], t.node_logws[:batch], t.max_depth, True)
+        retrieve = tuple(r[:batch] for r in s.retrieve)
+        return StepTree(tree, s.ancestor[:batch], s.positions[:batch], retrieve, self)
 
-    def verify(self, target_next: torch.Tensor) -> torch.Tensor:
-        want = (self.batch, self.target_next.shape[1])
-        if tuple(target_next.shape) != want or target_next.dtype != torch.long:
-            raise ValueError(
-                f"target_next must be {list(want)} torch.long, got {list(target_next.shape)} {target_next.dtype}"
-            )
-        self.target_next[: self.batch].copy_(target_next)
+    def verify(self, logits: torch.Tensor) -> PackedAcceptance:
+        rows = self.batch * self.target_next.shape[1]
+        if logits.dim() != 2 or logits.shape[0] != rows:
+            raise ValueError(f"logits must be [{rows}, V] for the step's {self.batch} trees, got {list(logits.shape)}")
+        torch.argmax(logits, dim=-1, out=self.target_next[: self.batch].view(-1))
         self.verify_graph.replay()
-        return self.packed[: self.batch]
+        return PackedAcceptance(self.packed[: self.batch])
 
 
 class StepGraphs:
-    """Per-shape cache of the DDTree step graphs of one worker (one per TP rank).
+    """The DDTree step graphs of one worker (one per TP rank), per batch-size bucket.
 
-    buckets: the batch sizes captured; a batch runs in the smallest bucket that holds
-    it; larger batches, and every batch when there are no buckets, run eagerly.
+    config    the DDTreeConfig every graph is built for
+    buckets   the batch sizes captured; a batch runs in the smallest bucket that holds it;
+              larger batches, and every batch when there are no buckets, run eagerly
+    head      a one-rank draft.DraftHead: the draft graph then starts from the draft hidden
+              states (draft_from_hidden); None: from the merged top-K (draft)
     """
 
-    def __init__(self, buckets):
+    def __init__(self, config, buckets: Sequence[int], head=None, device="cpu"):
+        self.config = config
         self.buckets = sorted({int(b) for b in buckets if int(b) > 0})
-        self._graphs: dict[tuple, _ShapeGraphs] = {}
+        self.head = head
+        self.device = torch.device(device)
+        self._graphs: dict[int, _BucketGraphs] = {}
         self._pool = None
+
+    @property
+    def owns_topk(self) -> bool:
+        return self.head is not None
 
     @property
     def max_bs(self) -> int:
         return self.buckets[-1] if self.buckets else 0
 
+    @property
+    def captured(self) -> int:
+        """How many buckets have their graphs."""
+        return len(self._graphs)
+
     @classmethod
-    def for_server(cls, server_args, device) -> StepGraphs:
+    def for_server(cls, config, server_args, device, head=None) -> StepGraphs:
         """Graphs exactly where SGLang replays its own: CUDA, graphs on, its --cuda-graph-bs
         (filled in by ServerArgs), up to the first that holds --max-running-requests."""
         if torch.device(device).type != "cuda" or server_args.disable_cuda_graph:
-            return cls([])
+            return cls(config, [], head, device)
         buckets = sorted(server_args.cuda_graph_bs or [int(server_args.cuda_graph_max_bs or 0)])
         cap = server_args.max_running_requests
         if cap:
             buckets = [b for b in buckets if b < cap] + [b for b in buckets if b >= cap][:1]
-        return cls(buckets)
+        return cls(config, buckets, head, device)
 
-    def capture(self, depth: int, topk: int, budget: int, spine: bool, device) -> None:
-        """Capture every bucket of one tree shape now (at start-up) rather than on first use.
-        Without buckets off the CPU (--disable-cuda-graph on a GPU), run one eager step
-        instead, so the fused kernels compile here and not in the first decode step."""
-        device = torch.device(device)
+    def capture(self) -> None:
+        """Capture every bucket now (at start-up) rather than on first use. Without buckets
+        off the CPU (--disable-cuda-graph on a GPU), run one eager step instead, so the
+        fused kernels compile here and not in the first decode step."""
         for bucket in self.buckets:
-            self._shape(bucket, depth, topk, budget, spine, device)
-        if not self.buckets and device.type != "cpu":
-            warm = _ShapeGraphs.inputs(1, depth, topk, budget, device)
-            greedy_packed(eager_step(*warm[:4], budget, spine).tree, warm[4])
+            self._bucket(bucket)
+        if not self.buckets and self.device.type != "cpu":
+            depth, topk, n = self.config.block_size - 1, self.config.topk, self.config.budget + 1
+            root = torch.zeros(1, dtype=torch.long, device=self.device)
+            if self.head is None:
+                tokens = torch.zeros(1, depth, topk, dtype=torch.long, device=self.device)
+                logprobs = -torch.arange(topk, dtype=torch.float32, device=self.device).expand(1, depth, topk)
+                step = tree_step(self.config, root, tokens, logprobs, root)
+            else:
+                hidden = torch.zeros(1, depth, self.head.weight.shape[1], dtype=self.head.weight.dtype, device=self.device)
+                step = hidden_step(self.config, self.head, root, hidden, root)
+            step.accept_greedy(torch.zeros(n, 2, device=self.device))
 
-    @property
-    def captured(self) -> int:
-        """How many shapes have their graphs."""
-        return len(self._graphs)
-
-    def draft(
-        self,
-        root: torch.Tensor,
-        top_tokens: torch.Tensor,
-        top_logprobs: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        budget: int,
-        spine: bool,
-    ) -> StepTree:
+    def draft(self, root: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor,
+              prefix_lens: torch.Tensor) -> StepTree:
         """root [B], top_tokens [B, D, K] long, top_logprobs [B, D, K] float, prefix_lens [B]
         -> this step's StepTree (static buffers when replayed from a graph)."""
-        batch, depth, topk = top_tokens.shape
-        if not (top_tokens.is_cuda and 0 < batch <= self.max_bs):
-            return eager_step(root.to(torch.long), top_tokens, top_logprobs, prefix_lens, budget, spine)
-        bucket = next(b for b in self.buckets if b >= batch)
-        graphs = self._shape(bucket, depth, topk, budget, spine, top_tokens.device)
-        return graphs.draft(root, top_tokens, top_logprobs, prefix_lens)
+        graphs = self._graphs_for(top_tokens)
+        if graphs is None or self.owns_topk:
+            return tree_step(self.config, root.to(torch.long), top_tokens, top_logprobs, prefix_lens)
+        return graphs.replay_draft(root, prefix_lens, top_tokens=top_tokens, top_logprobs=top_logprobs)
 
-    def _shape(self, bucket: int, depth: int, topk: int, budget: int, spine: bool, device) -> _ShapeGraphs:
+    def draft_from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, prefix_lens: torch.Tensor) -> StepTree:
+        """root [B], hidden [B, D, H] (the draft block's hidden states past the root),
+        prefix_lens [B] -> this step's StepTree; needs the one-rank head."""
+        graphs = self._graphs_for(hidden)
+        if graphs is None:
+            return hidden_step(self.config, self.head, root.to(torch.long), hidden, prefix_lens)
+        return graphs.replay_draft(root, prefix_lens, hidden=hidden)
+
+    def _graphs_for(self, batch_input: torch.Tensor) -> _BucketGraphs | None:
+        batch = batch_input.shape[0]
+        if not (batch_input.is_cuda and 0 < batch <= self.max_bs):
+            return None
+        return self._bucket(next(b for b in self.buckets if b >= batch))
+
+    def _bucket(self, bucket: int) -> _BucketGraphs:
         # Buffers take the caller's grad mode: made at start-up they are ordinary tensors,
         # which steps under no_grad or inference mode (SGLANG_ENABLE_TORCH_INFERENCE_MODE)
         # may both write in place; one made lazily inside a step matches that step's mode,
         # which SGLang keeps for every step.
-        key = (bucket, depth, topk, budget, spine)
-        graphs = self._graphs.get(key)
+        graphs = self._graphs.get(bucket)
         if graphs is None:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graphs = _ShapeGraphs(bucket, depth, topk, budget, spine, device, self._pool)
-            self._graphs[key] = graphs
+            graphs = _BucketGraphs(self.config, bucket, self.head, self.device, self._pool)
+            self._graphs[bucket] = graphs
             logger.info("DDTree step graphs captured for batch size %d (%d captured).", bucket, self.captured)
         return graphs

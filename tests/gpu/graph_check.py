@@ -9,6 +9,10 @@ front, as the worker does) runs a sequence of decode steps whose batch sizes
 interleave and pad (1, 8, 1, 8, 3, 16, 1, 24 > 16, 5, 8, 13), each with fresh
 inputs: draft replay then greedy verify replay, both compared with the eager
 functions on the same GPU (the fused kernels) and with the CPU's torch ops.
+Every other shape starts its draft graph from draft hidden states (the
+one-rank draft piece: lm_head and top-K inside the graph; compared with the
+eager CUDA step only, since bf16 logits round differently on the CPU). Last,
+the verify's custom-mask and commit kernels against their torch ops on the GPU.
 Replays run under torch.cuda.set_sync_debug_mode("error"), so a host sync in
 them fails the case. One summary line per case (and the microseconds per step,
 eager and replayed, for information); exit code 0 when every case passes, 1
@@ -28,7 +32,12 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS / "core")]
 
 from core_cases import draft_inputs, walk_target  # noqa: E402
 
-from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, eager_step, greedy_packed  # noqa: E402
+from k26_ddtree.core.retrieve import tree_attention_mask  # noqa: E402
+from k26_ddtree.core.tree import build_ddtree  # noqa: E402
+from k26_ddtree.core.verify import PackedAcceptance, verify_greedy  # noqa: E402
+from k26_ddtree.sglang.args import DDTreeConfig  # noqa: E402
+from k26_ddtree.sglang.draft import DraftHead  # noqa: E402
+from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, hidden_step, tree_step  # noqa: E402
 
 BUCKETS = (1, 2, 4, 8, 16)
 MAX_BS = BUCKETS[-1]
@@ -47,6 +56,7 @@ SHAPES = (
     (15, 1, 1, False),
 )
 VOCAB = 1000
+HIDDEN = 64
 
 
 def step_inputs(gen: torch.Generator, batch: int, depth: int, topk: int):
@@ -58,36 +68,68 @@ def step_inputs(gen: torch.Generator, batch: int, depth: int, topk: int):
 
 def tree_tensors(step: StepTree) -> list[torch.Tensor]:
     tree = step.tree
-    return [tree.tokens, tree.parents, tree.depths, tree.node_logws, step.ancestor, step.positions]
+    return [tree.tokens, tree.parents, tree.depths, tree.node_logws, step.ancestor, step.positions, *step.retrieve[1:]]
 
 
 def same(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
     return all(g.shape == w.shape and torch.equal(g.cpu(), w.cpu()) for g, w in zip(got, want))
 
 
+def sliced(step: StepTree, batch: int) -> StepTree:
+    t = step.tree
+    tree = type(t)(t.tokens[:batch], t.parents[:batch], t.depths[:batch], t.node_logws[:batch], t.max_depth, True)
+    return StepTree(tree, step.ancestor[:batch], step.positions[:batch], tuple(r[:batch] for r in step.retrieve))
+
+
+def logits_of(target_next: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.one_hot(target_next, VOCAB).float().view(-1, VOCAB)
+
+
+def greedy(tree, target_next) -> torch.Tensor:
+    return PackedAcceptance.pack(tree, verify_greedy(tree, target_next)).rows
+
+
 def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> list[str]:
     """The failures of one shape's step sequence (empty: it passed)."""
     gen = torch.Generator().manual_seed(seed)
-    graphs = StepGraphs(BUCKETS)
+    config = DDTreeConfig(budget=budget, topk=topk, spine=spine, block_size=depth + 1)
+    from_hidden = seed % 2 == 1
+    head = None
+    if from_hidden:
+        weight = (torch.randn(VOCAB, HIDDEN, generator=gen) / HIDDEN**0.5).to(torch.bfloat16).cuda()
+        head = DraftHead(weight=weight, num_org=VOCAB, org_start=0, num_org_padded=VOCAB, num_added=0,
+                         added_start=VOCAB)
+    graphs = StepGraphs(config, BUCKETS, head, "cuda")
     up_front = seed % 2 == 0
     if up_front:
-        graphs.capture(depth, topk, budget, spine, "cuda")
+        graphs.capture()
     failures = []
     for i, batch in enumerate(BATCHES):
         bucket = next((b for b in BUCKETS if b >= batch), None)
-        inputs = step_inputs(gen, batch, depth, topk)
-        cuda_inputs = [t.cuda() for t in inputs]
-        eager = eager_step(*cuda_inputs, budget, spine)
-        cpu = eager_step(*inputs, budget, spine)
+        root, tokens, logprobs, prefix_lens = step_inputs(gen, batch, depth, topk)
+        hidden = torch.randn(batch, depth, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
+        if from_hidden:
+            # Same GEMM shape as the replay (the bucket), so the bf16 logits round the same way.
+            rows = bucket or batch
+            pad = lambda t: torch.cat([t, t.new_zeros((rows - batch, *t.shape[1:]))])  # noqa: E731
+            eager = sliced(hidden_step(config, head, pad(root.cuda()), pad(hidden), pad(prefix_lens.cuda())), batch)
+            cpu = None
+        else:
+            eager = tree_step(config, root.cuda(), tokens.cuda(), logprobs.cuda(), prefix_lens.cuda())
+            cpu = tree_step(config, root, tokens, logprobs, prefix_lens)
         nexts = walk_target(gen, eager.tree, vocab=VOCAB).cuda()
+        logits = logits_of(nexts)
         seen = [next((b for b in BUCKETS if b >= earlier), None) for earlier in BATCHES[:i]]
         if up_front or bucket is None or bucket in seen:
             # No capture in this step (capture itself synchronizes): no host sync allowed.
             torch.cuda.set_sync_debug_mode("error")
         try:
-            replayed = graphs.draft(*cuda_inputs, budget, spine)
+            if from_hidden:
+                replayed = graphs.draft_from_hidden(root.cuda(), hidden, prefix_lens.cuda())
+            else:
+                replayed = graphs.draft(root.cuda(), tokens.cuda(), logprobs.cuda(), prefix_lens.cuda())
             drafted = tree_tensors(replayed)
-            packed = replayed.greedy_packed(nexts)
+            packed = replayed.accept_greedy(logits).rows
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
@@ -96,15 +138,45 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
             failures.append(f"step {i} B={batch}: from_graph={from_graph}")
         if not same(drafted, tree_tensors(eager)):
             failures.append(f"step {i} B={batch}: draft replay != eager")
-        if not same(tree_tensors(cpu), tree_tensors(eager)):
+        if cpu is not None and not same(tree_tensors(cpu), tree_tensors(eager)):
             failures.append(f"step {i} B={batch}: CUDA eager tree != CPU tree")
-        if not same([packed], [greedy_packed(eager.tree, nexts)]):
+        if not same([packed], [greedy(eager.tree, nexts)]):
             failures.append(f"step {i} B={batch}: verify replay != eager")
-        if not same([packed], [greedy_packed(cpu.tree, nexts.cpu())]):
+        if cpu is not None and not same([packed], [greedy(cpu.tree, nexts.cpu())]):
             failures.append(f"step {i} B={batch}: verify replay != CPU walk")
     distinct = len(BUCKETS) if up_front else len({next(b for b in BUCKETS if b >= x) for x in BATCHES if x <= MAX_BS})
     if graphs.captured != distinct:
-        failures.append(f"captured {graphs.captured} shapes, expected {distinct}")
+        failures.append(f"captured {graphs.captured} buckets, expected {distinct}")
+    return failures
+
+
+def check_verify_kernels() -> list[str]:
+    """The fused custom-mask and commit kernels against their torch ops, on the GPU."""
+    from k26_ddtree.sglang.verify_utils import commit_path, verify_custom_mask
+
+    gen = torch.Generator().manual_seed(11)
+    failures = []
+    for batch, depth, topk, budget in ((1, 7, 4, 8), (16, 7, 8, 64), (48, 7, 1, 7), (5, 15, 2, 16)):
+        root, tokens, logprobs = draft_inputs(gen, batch, depth, topk, vocab=VOCAB)
+        tree = build_ddtree(root.cuda(), tokens.cuda(), logprobs.cuda(), budget)
+        n = budget + 1
+        prefix = torch.randint(0, 3000, (batch,), generator=gen)
+        ancestor = tree_attention_mask(tree)
+        masks = [verify_custom_mask(ancestor, prefix.cuda(), prefix, fused=f) for f in (True, False)]
+        if not torch.equal(*masks):
+            failures.append(f"B={batch} budget={budget}: custom mask kernel != torch ops")
+        acceptance = PackedAcceptance.pack(tree, verify_greedy(tree, walk_target(gen, tree, vocab=VOCAB).cuda()))
+        lens = (torch.rand(batch, generator=gen) * (acceptance.rows[:, -1].cpu() + 1).float()).long() + 1
+        slots = torch.randperm(4 * batch * n, generator=gen)[: batch * n].view(batch, n).cuda()
+        pool = torch.randperm(batch + 2, generator=gen)[:batch].cuda()
+        out = []
+        for fused in (True, False):
+            req_to_token = torch.full((batch + 2, 3100 + n), -1, dtype=torch.int32, device="cuda")
+            commit = commit_path(acceptance.path, lens.cuda(), slots, req_to_token, pool, prefix.cuda(),
+                                 int(lens.sum()), fused=fused)
+            out.append([commit.kept_slots, commit.freed_slots, commit.kept_nodes, req_to_token])
+        if not same(*out):
+            failures.append(f"B={batch} budget={budget}: commit kernel != torch ops")
     return failures
 
 
@@ -121,11 +193,12 @@ def step_us(run, repeats: int = 50) -> float:
 def timing(depth: int, topk: int, budget: int, spine: bool, batch: int = 8) -> tuple[float, float]:
     """(eager µs, replayed µs) per draft + greedy verify step, for information only."""
     gen = torch.Generator().manual_seed(0)
-    inputs = [t.cuda() for t in step_inputs(gen, batch, depth, topk)]
-    nexts = torch.randint(0, VOCAB, (batch, budget + 1)).cuda()
-    graphs = StepGraphs([batch])
-    eager = step_us(lambda: greedy_packed(eager_step(*inputs, budget, spine).tree, nexts))
-    replayed = step_us(lambda: graphs.draft(*inputs, budget, spine).greedy_packed(nexts))
+    root, tokens, logprobs, prefix_lens = [t.cuda() for t in step_inputs(gen, batch, depth, topk)]
+    logits = logits_of(torch.randint(0, VOCAB, (batch, budget + 1)).cuda())
+    config = DDTreeConfig(budget=budget, topk=topk, spine=spine, block_size=depth + 1)
+    graphs = StepGraphs(config, [batch], None, "cuda")
+    eager = step_us(lambda: tree_step(config, root, tokens, logprobs, prefix_lens).accept_greedy(logits))
+    replayed = step_us(lambda: graphs.draft(root, tokens, logprobs, prefix_lens).accept_greedy(logits))
     return eager, replayed
 
 
@@ -148,7 +221,12 @@ def main() -> int:
         for failure in failures:
             print(f"     {failure}")
         failed += bool(failures)
-    print(f"graph_check: {len(SHAPES) - failed}/{len(SHAPES)} cases passed")
+    kernel_failures = check_verify_kernels()
+    print(("ok  " if not kernel_failures else "FAIL") + " verify kernels (custom mask, commit) == torch ops on the GPU")
+    for failure in kernel_failures:
+        print(f"     {failure}")
+    failed += bool(kernel_failures)
+    print(f"graph_check: {len(SHAPES) + 1 - failed}/{len(SHAPES) + 1} cases passed")
     return 1 if failed else 0
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from k26_ddtree.sglang.draft import topk_logprobs
+from k26_ddtree.sglang.draft import DraftHead
 
 
 class FakeTpGroup:
@@ -56,7 +56,7 @@ def run_ranks(heads, hidden: torch.Tensor, topk: int):
     def rank_main(rank: int) -> None:
         try:
             group.bind(rank)
-            results[rank] = topk_logprobs(hidden, heads[rank], topk, group)
+            results[rank] = DraftHead.of(heads[rank], group).topk_logprobs(hidden, topk)
         except Exception as exc:  # surfaced below, a thread cannot fail the test itself
             errors.append(exc)
 
@@ -93,25 +93,29 @@ def test_single_rank_without_group_matches_log_softmax(patched_sglang):
     full_weight = torch.randn(500, 16, generator=gen)
     hidden = torch.randn(600, 16, generator=gen)  # more rows than one chunk
     (head,) = sharded_heads(patched_sglang, full_weight, 500, 1)
-    tokens, logprobs = topk_logprobs(hidden, head, 5)
+    tokens, logprobs = DraftHead.of(head).topk_logprobs(hidden, 5)
     expected = torch.log_softmax(hidden @ full_weight.T, dim=1).topk(5, dim=1)
     assert torch.equal(tokens, expected.indices)
     torch.testing.assert_close(logprobs, expected.values, rtol=0, atol=1e-5)
 
 
-def test_draft_tree_builds_from_the_block_hidden_states(patched_sglang):
+@pytest.mark.parametrize("in_graph", [True, False])
+def test_the_drafter_builds_the_tree_from_the_block_hidden_states(patched_sglang, in_graph):
+    """DDTreeDrafter.draft, with the top-K inside the draft piece (one rank) or before it (TP)."""
     from k26_ddtree.sglang.args import DDTreeConfig
-    from k26_ddtree.sglang.draft import draft_tree
+    from k26_ddtree.sglang.draft import DDTreeDrafter
     from k26_ddtree.sglang.step_graphs import StepGraphs
 
     gen = torch.Generator().manual_seed(3)
     full_weight = torch.randn(200, 16, generator=gen)
-    (head,) = sharded_heads(patched_sglang, full_weight, 200, 1)
+    (lm_head,) = sharded_heads(patched_sglang, full_weight, 200, 1)
+    head = DraftHead.of(lm_head)
     config = DDTreeConfig(budget=10, topk=3, spine=True, block_size=5)
+    drafter = DDTreeDrafter(config, head, StepGraphs(config, [], head if in_graph else None))
     draft_hidden = torch.randn(2, 5, 16, generator=gen)
     root = torch.tensor([11, 12])
-    prefix_lens = torch.tensor([3, 9])
-    step = draft_tree(config, root, draft_hidden, head, None, prefix_lens=prefix_lens, graphs=StepGraphs([]))
+    batch = SimpleNamespace(seq_lens=torch.tensor([3, 9]), reqs=[None, None])
+    step = drafter.draft(root, draft_hidden, batch)
     tree = step.tree
     assert tree.tokens.shape == (2, 11)
     assert torch.equal(tree.tokens[:, 0], root)
@@ -119,4 +123,26 @@ def test_draft_tree_builds_from_the_block_hidden_states(patched_sglang):
     # spine: the top-1 chain is nodes 1..4 in depth order
     assert torch.equal(tree.tokens[:, 1:5], top1)
     assert torch.equal(tree.depths[:, 1:5], torch.arange(1, 5).expand(2, 4))
-    assert torch.equal(step.positions, prefix_lens.unsqueeze(1) + tree.depths)
+    assert torch.equal(step.positions, batch.seq_lens.unsqueeze(1) + tree.depths)
+
+
+def test_a_top_k_hook_rewrites_before_the_tree(patched_sglang):
+    """The test-only hook sees the requests and the merged top-K, and the tree is built from what it returns."""
+    from k26_ddtree.sglang.args import DDTreeConfig
+    from k26_ddtree.sglang.draft import DDTreeDrafter
+    from k26_ddtree.sglang.step_graphs import StepGraphs
+
+    gen = torch.Generator().manual_seed(4)
+    (lm_head,) = sharded_heads(patched_sglang, torch.randn(50, 8, generator=gen), 50, 1)
+    config = DDTreeConfig(budget=3, topk=2, spine=False, block_size=4)
+    seen = []
+
+    def hook(reqs, tokens, logprobs):
+        seen.append((reqs, tokens.shape))
+        return torch.full_like(tokens, 42), logprobs
+
+    drafter = DDTreeDrafter(config, DraftHead.of(lm_head), StepGraphs(config, []), hook)
+    step = drafter.draft(torch.tensor([1]), torch.randn(1, 4, 8, generator=gen),
+                         SimpleNamespace(seq_lens=torch.tensor([5]), reqs=["r"]))
+    assert seen == [(["r"], (1, 3, 2))]
+    assert set(step.tree.tokens[0, 1:].tolist()) == {42}

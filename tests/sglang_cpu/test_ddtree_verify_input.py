@@ -3,15 +3,21 @@ whole prepare -> verify step against a fake batch with SGLang's field names."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from k26_ddtree.core.retrieve import tree_attention_mask
-from k26_ddtree.sglang.step_graphs import StepTree
+from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask
 from k26_ddtree.core.tree import DDTree
-from k26_ddtree.core.verify import verify_greedy
+from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
+from k26_ddtree.sglang.step_graphs import StepTree
+
+HERE = Path(__file__).resolve().parent
 
 # Two requests, N = 6 nodes each (budget 5, depth cap 3).
 #   request 0:  0 -> 1 -> 3 -> 5       request 1:  0 -> 1 -> 2 -> 3
@@ -38,7 +44,7 @@ def hand_tree(parents=PARENTS, tokens=TOKENS, max_depth=3) -> DDTree:
 
 
 def test_custom_mask_is_prefix_then_ancestor_mask_per_request(patched_sglang):
-    from k26_ddtree.sglang.verify_input import verify_custom_mask
+    from k26_ddtree.sglang.verify_utils import verify_custom_mask
 
     tree = hand_tree()
     ancestor = tree_attention_mask(tree)
@@ -55,7 +61,7 @@ def test_custom_mask_is_prefix_then_ancestor_mask_per_request(patched_sglang):
 
 
 def test_chain_tree_mask_equals_dflash_causal_mask(patched_sglang):
-    from k26_ddtree.sglang.verify_input import verify_custom_mask
+    from k26_ddtree.sglang.verify_utils import verify_custom_mask
 
     n = 5
     chain = hand_tree(parents=[list(range(-1, n - 1))] * 3, tokens=[list(range(n))] * 3, max_depth=n - 1)
@@ -70,46 +76,55 @@ def test_chain_tree_mask_equals_dflash_causal_mask(patched_sglang):
     assert torch.equal(flat, torch.cat(expected))
 
 
-def flat_path_nodes(path, commit_lens, n):
-    """The flat node indices verify uploads: b * N + the first commit_lens[b] path nodes."""
-    return torch.tensor([b * n + node for b, row in enumerate(path) for node in row[: commit_lens[b]]])
+def commit(path, commit_lens, node_slots, prefix=None, pool=None):
+    """commit_path on a fresh req_to_token; (PathCommit, req_to_token)."""
+    from k26_ddtree.sglang.verify_utils import commit_path
+
+    batch = node_slots.shape[0]
+    req_to_token = torch.full((batch + 1, 16), -1, dtype=torch.int32)
+    prefix = torch.zeros(batch, dtype=torch.long) if prefix is None else torch.tensor(prefix)
+    pool = torch.arange(batch) if pool is None else torch.tensor(pool)
+    lens = torch.tensor(commit_lens)
+    result = commit_path(torch.tensor(path), lens, node_slots, req_to_token, pool, prefix, int(lens.sum()))
+    return result, req_to_token
 
 
 def test_commit_path_keeps_accepted_slots_in_depth_order_and_frees_the_rest(patched_sglang):
-    from k26_ddtree.sglang.verify_input import commit_path
-
-    n = 6
     node_slots = torch.tensor([[100, 101, 102, 103, 104, 105], [200, 201, 202, 203, 204, 205]])
-    hidden = torch.arange(2 * n * 2, dtype=torch.float32).view(2, n, 2)
     # request 0 accepted 0 -> 2 -> 4 (non-first sibling, then its child), committing root + 2 drafts;
     # request 1 accepted 0 -> 1 -> 5 but finished after its first token: commit_len 1.
-    kept = flat_path_nodes([[0, 2, 4, -1], [0, 1, 5, -1]], [3, 1], n)
-    commit = commit_path(kept, node_slots, hidden)
-    assert commit.kept_slots.tolist() == [100, 102, 104, 200]
-    assert commit.freed_slots.tolist() == [101, 103, 105, 201, 202, 203, 204, 205], "node order"
-    assert torch.equal(commit.hidden, hidden.view(2 * n, 2)[[0, 2, 4, 6]])
+    result, req_to_token = commit([[0, 2, 4, -1], [0, 1, 5, -1]], [3, 1], node_slots, prefix=[4, 2], pool=[2, 0])
+    assert result.kept_slots.tolist() == [100, 102, 104, 200]
+    assert result.freed_slots.tolist() == [101, 103, 105, 201, 202, 203, 204, 205], "node order"
+    assert result.kept_nodes.tolist() == [0, 2, 4, 6]
+    assert req_to_token[2, 4:7].tolist() == [100, 102, 104] and req_to_token[0, 2:3].tolist() == [200]
+    assert int((req_to_token >= 0).sum()) == 4
 
 
 def test_commit_path_keeps_depth_order_when_node_indices_are_not_increasing(patched_sglang):
-    from k26_ddtree.sglang.verify_input import commit_path
-
-    node_slots = torch.arange(6).view(1, 6) + 10
-    hidden = torch.arange(6, dtype=torch.float32).view(1, 6, 1)
-    commit = commit_path(torch.tensor([0, 4, 2]), node_slots, hidden)
-    assert commit.kept_slots.tolist() == [10, 14, 12]
-    assert commit.freed_slots.tolist() == [11, 13, 15]
-    assert commit.hidden.view(-1).tolist() == [0.0, 4.0, 2.0]
+    result, req_to_token = commit([[0, 4, 2, -1]], [3], torch.arange(6).view(1, 6) + 10)
+    assert result.kept_slots.tolist() == [10, 14, 12]
+    assert result.freed_slots.tolist() == [11, 13, 15]
+    assert result.kept_nodes.tolist() == [0, 4, 2]
+    assert req_to_token[0, :3].tolist() == [10, 14, 12]
 
 
 def test_commit_path_full_depth(patched_sglang):
-    from k26_ddtree.sglang.verify_input import commit_path
+    result, _ = commit([[0, 1, 3, 5]], [4], torch.arange(6).view(1, 6) + 10)
+    assert result.kept_slots.tolist() == [10, 11, 13, 15]
+    assert result.freed_slots.tolist() == [12, 14]
 
-    node_slots = torch.arange(6).view(1, 6) + 10
-    hidden = torch.arange(6, dtype=torch.float32).view(1, 6, 1)
-    commit = commit_path(flat_path_nodes([[0, 1, 3, 5]], [4], 6), node_slots, hidden)
-    assert commit.kept_slots.tolist() == [10, 11, 13, 15]
-    assert sorted(commit.freed_slots.tolist()) == [12, 14]
-    assert commit.hidden.view(-1).tolist() == [0.0, 1.0, 3.0, 5.0]
+
+def test_verify_kernels_match_the_torch_ops_in_the_interpreter(patched_sglang):
+    """The fused custom-mask and commit kernels (verify_kernels.py) against the torch ops,
+    in Triton's CPU interpreter; on a GPU tests/gpu/graph_check.py runs them for real."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run(
+        [sys.executable, str(HERE / "verify_kernel_cases.py")], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cases agree" in done.stdout
 
 
 def fake_tree_sampling_kernel(
@@ -155,7 +170,7 @@ def one_hot_targets(tree: DDTree, target_next: torch.Tensor, vocab: int) -> torc
 
 @pytest.mark.parametrize("seed", range(5))
 def test_kernel_path_decodes_like_the_greedy_walk_on_one_hot_targets(patched_sglang, seed):
-    from k26_ddtree.sglang.verify_input import kernel_sampling
+    from k26_ddtree.sglang.verify_utils import kernel_sampling
 
     tree = hand_tree()
     gen = torch.Generator().manual_seed(seed)
@@ -163,7 +178,9 @@ def test_kernel_path_decodes_like_the_greedy_walk_on_one_hot_targets(patched_sgl
     target_next = torch.randint(10, 30, (2, 6), generator=gen)
     target_next[0, 0], target_next[0, 2] = 12, 14
     target_next[1, 0] = 21
-    acc_kernel = kernel_sampling(tree, one_hot_targets(tree, target_next, 64), fake_tree_sampling_kernel)
+    acc_kernel = kernel_sampling(
+        tree, compile_ddtree_retrieve(tree), one_hot_targets(tree, target_next, 64), fake_tree_sampling_kernel
+    )
     acc_walk = verify_greedy(tree, target_next)
     assert torch.equal(acc_kernel.accept_len, acc_walk.accept_len)
     assert torch.equal(acc_kernel.path, acc_walk.path)
@@ -171,7 +188,7 @@ def test_kernel_path_decodes_like_the_greedy_walk_on_one_hot_targets(patched_sgl
 
 
 def test_kernel_path_accepts_non_first_siblings_with_their_law(patched_sglang):
-    from k26_ddtree.sglang.verify_input import kernel_sampling
+    from k26_ddtree.sglang.verify_utils import kernel_sampling
 
     draws = 3000
     tree = hand_tree(parents=[[-1, 0, 0, 0]] * draws, tokens=[[9, 1, 2, 3]] * draws, max_depth=1)
@@ -179,7 +196,7 @@ def test_kernel_path_accepts_non_first_siblings_with_their_law(patched_sglang):
     probs[:, 0, 1], probs[:, 0, 2], probs[:, 0, 5] = 0.2, 0.5, 0.3
     probs[:, 1:, 7] = 1.0
     torch.manual_seed(0)
-    acc = kernel_sampling(tree, probs, fake_tree_sampling_kernel)
+    acc = kernel_sampling(tree, compile_ddtree_retrieve(tree), probs, fake_tree_sampling_kernel)
     accepted = tree.tokens.gather(1, acc.path[:, 1:2].clamp(min=0)).squeeze(1)
     first = torch.where(acc.accept_len > 0, accepted, acc.next_token)
     freq = torch.bincount(first, minlength=8).float() / draws
@@ -187,7 +204,7 @@ def test_kernel_path_accepts_non_first_siblings_with_their_law(patched_sglang):
 
 
 def test_target_probs_applies_temperature_top_k_and_top_p(patched_sglang):
-    from k26_ddtree.sglang.verify_input import target_probs
+    from k26_ddtree.sglang.verify_utils import target_probs
 
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).repeat(4, 1)  # 2 requests x 2 nodes
     info = SimpleNamespace(
@@ -357,9 +374,9 @@ def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
     verify_input = DDTreeVerifyInput.from_step(StepTree.of_tree(tree, torch.zeros(draws, dtype=torch.long)))
     batch = SimpleNamespace(batch_size=lambda: draws, sampling_info=FakeSamplingInfo(draws, temperature, vocab))
     torch.manual_seed(1)
-    packed = verify_input._accept(batch, logits)
-    width = (packed.shape[1] - 1) // 2
-    committed, path, accept_len = packed[:, :width], packed[:, width:-1], packed[:, -1]
+    acceptance = verify_input.accept(batch, logits)
+    packed, width = acceptance.rows, acceptance.width
+    committed, path, accept_len = packed[:, :width], acceptance.path, packed[:, -1]
     tokens = committed[:, 0]
 
     law = torch.softmax(node_logits / temperature, dim=1)

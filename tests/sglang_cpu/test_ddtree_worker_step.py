@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 VOCAB = 32
@@ -61,8 +62,9 @@ def draft_logits(rows):
     return hidden
 
 
-def make_worker(patched_sglang, monkeypatch, draft_hidden):
+def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_graph=True):
     from k26_ddtree.sglang.args import DDTreeConfig
+    from k26_ddtree.sglang.draft import DDTreeDrafter, DraftHead
     from k26_ddtree.sglang.step_graphs import StepGraphs
     from sglang.srt.speculative import dflash_worker
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -92,9 +94,10 @@ def make_worker(patched_sglang, monkeypatch, draft_hidden):
     worker.page_size = 1
     worker.tp_rank = 0
     worker.block_size = BLOCK
-    worker.ddtree = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
-    worker._ddtree_oracle = None
-    worker._ddtree_graphs = StepGraphs([])
+    worker.ddtree = config or DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
+    head = DraftHead.of(target_model.lm_head, SimpleNamespace(world_size=1))
+    graphs = StepGraphs(worker.ddtree, [], head if head_in_graph else None)
+    worker._ddtree_drafter = DDTreeDrafter(worker.ddtree, head, graphs)
     worker._mask_token_id = MASK_ID
     worker._warned_sampling_fallback = False
     worker._block_pos_offsets = torch.arange(BLOCK)
@@ -140,13 +143,14 @@ class Req:
         self.histogram.append(n)
 
 
-def test_decode_step_drafts_a_tree_verifies_it_and_commits_the_path(patched_sglang, monkeypatch):
+@pytest.mark.parametrize("head_in_graph", [True, False], ids=["one-rank-draft-piece", "top-k-first"])
+def test_decode_step_drafts_a_tree_verifies_it_and_commits_the_path(patched_sglang, monkeypatch, head_in_graph):
     from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     # One request; draft positions 1..3 rank (10, 11), (12, 13), (14, 15) first and second.
     draft_hidden = torch.cat([torch.zeros(1, VOCAB), draft_logits([[10, 11], [12, 13], [14, 15]])])
-    worker, forwards = make_worker(patched_sglang, monkeypatch, draft_hidden)
+    worker, forwards = make_worker(patched_sglang, monkeypatch, draft_hidden, head_in_graph=head_in_graph)
     allocator = Allocator()
     seq_lens = torch.tensor([6])
     batch = SimpleNamespace(
@@ -222,8 +226,8 @@ def test_budget_one_tree_is_smaller_than_the_draft_block(patched_sglang, monkeyp
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     draft_hidden = torch.cat([torch.zeros(1, VOCAB), draft_logits([[10, 11], [12, 13], [14, 15]])])
-    worker, forwards = make_worker(patched_sglang, monkeypatch, draft_hidden)
-    worker.ddtree = DDTreeConfig(budget=1, topk=1, spine=False, block_size=BLOCK)
+    config = DDTreeConfig(budget=1, topk=1, spine=False, block_size=BLOCK)
+    worker, forwards = make_worker(patched_sglang, monkeypatch, draft_hidden, config)
     allocator = Allocator()
     seq_lens = torch.tensor([6])
     batch = SimpleNamespace(

@@ -6,9 +6,7 @@ from typing import Optional, Union
 import torch
 
 from k26_ddtree.sglang import args as ddtree_args
-from k26_ddtree.sglang.draft import draft_tree
-from k26_ddtree.sglang.oracle import Oracle
-from k26_ddtree.sglang.step_graphs import StepGraphs
+from k26_ddtree.sglang.draft import DDTreeDrafter
 from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
@@ -208,24 +206,25 @@ class DFlashWorker:
                 self._mask_token_id_override,
             )
 
-        self._ddtree_oracle = None
-        self._ddtree_graphs = None
+        self._ddtree_drafter = None
         if self.ddtree is not None:
             ddtree_args.check_target_runner(
                 self.model_runner,
                 vocab_size=int(self.model_runner.model_config.vocab_size),
                 topk=self.ddtree.topk,
             )
-            self._ddtree_oracle = Oracle.from_env()
-            self._ddtree_graphs = StepGraphs.for_server(server_args, self.device)
-            self._ddtree_graphs.capture(
-                self.block_size - 1, self.ddtree.topk, self.ddtree.budget, self.ddtree.spine, self.device
+            self._ddtree_drafter = DDTreeDrafter.for_worker(
+                self.ddtree,
+                server_args,
+                self.target_worker.model_runner.model.lm_head,
+                get_tp_group(),
+                self.device,
             )
             if self.tp_rank == 0:
                 logger.info(
-                    "DDTree verify: %s, oracle drafter %s.",
+                    "DDTree verify: %s, top-K hook %s.",
                     self.ddtree,
-                    "ON (test only)" if self._ddtree_oracle is not None else "off",
+                    "ON (test only)" if self._ddtree_drafter.topk_hook else "off",
                 )
 
         self._block_pos_offsets = torch.arange(
@@ -697,17 +696,7 @@ class DFlashWorker:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
         draft_hidden = draft_hidden.view(bs, self.block_size, -1)
         if self.ddtree is not None:
-            step = draft_tree(
-                self.ddtree,
-                block_ids[:, 0],
-                draft_hidden,
-                lm_head,
-                get_tp_group(),
-                prefix_lens=batch.seq_lens,
-                graphs=self._ddtree_graphs,
-                oracle=self._ddtree_oracle,
-                reqs=batch.reqs,
-            )
+            step = self._ddtree_drafter.draft(block_ids[:, 0], draft_hidden, batch)
             verify_input = DDTreeVerifyInput.from_step(step)
         else:
             draft_next = self._greedy_sample_from_vocab_parallel_head(

@@ -1,5 +1,6 @@
-"""The test-only oracle drafter: off by default, deterministic rank placement, and trees that
-exercise every commit path when verified against the AR continuation."""
+"""The test-only oracle drafter: installed as the worker's top-K hook only when its variable is
+set, deterministic rank placement, and trees that exercise every commit path when verified
+against the AR continuation."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from k26_ddtree.sglang.oracle import ENV_VAR, PLACE_ABSENT, Oracle, OracleError, place_token
 from k26_ddtree.core.tree import build_ddtree
 from k26_ddtree.core.verify import committed_tokens, verify_greedy
+from k26_ddtree.gpu.oracle import ENV_VAR, PLACE_ABSENT, OracleError, place_token, Oracle
+from k26_ddtree.sglang.draft import TOPK_HOOK_ENV, topk_hook_from_env
 
 PROMPT = [5, 6, 7]
 AR = [40 + i for i in range(200)]
@@ -21,16 +23,18 @@ def req(output_ids, prompt=PROMPT):
     return SimpleNamespace(origin_input_ids=list(prompt), output_ids=list(output_ids))
 
 
-def test_off_unless_the_environment_names_a_file(monkeypatch, tmp_path):
+def test_hook_off_unless_the_environment_names_a_file(monkeypatch, tmp_path):
+    assert TOPK_HOOK_ENV == ENV_VAR
     monkeypatch.delenv(ENV_VAR, raising=False)
-    assert Oracle.from_env() is None
+    assert topk_hook_from_env() is None
     path = tmp_path / "oracle.json"
     path.write_text(json.dumps({"prompts": [{"input_ids": PROMPT, "ar_output_ids": AR}], "seed": 3}))
     monkeypatch.setenv(ENV_VAR, str(path))
-    assert Oracle.from_env().seed == 3
+    hook = topk_hook_from_env()
+    assert isinstance(hook.__self__, Oracle) and hook.__self__.seed == 3
     path.write_text("{not json")
     with pytest.raises(OracleError, match=ENV_VAR):
-        Oracle.from_env()
+        topk_hook_from_env()
 
 
 def test_place_token_puts_the_token_at_the_rank_and_nowhere_else():

@@ -1,6 +1,7 @@
 """Test-only oracle drafter: rewrites the draft top-K so acceptance is high and every commit path runs.
 
-Off unless K26_DDTREE_ORACLE names a JSON file:
+Installed by the DDTree worker as its top-K hook (k26_ddtree.sglang.draft) only
+when K26_DDTREE_ORACLE names a JSON file:
 
     {"prompts": [{"input_ids": [...], "ar_output_ids": [...]}, ...], "seed": int}
 
@@ -53,15 +54,13 @@ class Oracle:
             )
 
     @classmethod
-    def from_env(cls) -> Oracle | None:
-        path = os.environ.get(ENV_VAR)
-        if not path:
-            return None
+    def from_env(cls, env_var: str = ENV_VAR) -> Oracle:
+        path = os.environ.get(env_var, "")
         try:
             spec = json.loads(Path(path).read_text())
             return cls(spec["prompts"], spec["seed"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise OracleError(f"{ENV_VAR}={path}: cannot load the oracle ({exc})") from exc
+            raise OracleError(f"{env_var}={path}: cannot load the oracle ({exc})") from exc
 
     def placement(self, prompt_index: int, output_len: int, depth: int, topk: int) -> int:
         """Rank of the AR token at this draft position, or PLACE_ABSENT."""
