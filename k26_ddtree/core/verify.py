@@ -129,6 +129,22 @@ def verify_greedy(tree: DDTree, target_next: torch.Tensor, *, fused: bool | None
     return _walk(tree, lambda node: target_next.gather(1, node.unsqueeze(1)).squeeze(1))
 
 
+def verify_along(tree: DDTree, continuation: torch.Tensor) -> Acceptance:
+    """Greedy verification when the target's greedy continuation is already known (a recorded
+    or reference output): continuation [B, D + 1] long, continuation[b, d] the target's token
+    after the depth-d node of the true path (column 0: after the root).
+
+    The walk only ever stands on nodes of the true path, where the target's argmax is
+    continuation[depth], so this equals verify_greedy on the real target: the tokens a tree
+    of this shape would have committed, without running the target.
+    """
+    if continuation.dim() != 2 or continuation.shape[0] != tree.batch_size:
+        raise ValueError(f"continuation must be [B, D + 1] with B = {tree.batch_size}, got {tuple(continuation.shape)}")
+    if continuation.shape[1] <= tree.depth_cap():
+        raise ValueError(f"continuation needs D + 1 = {tree.depth_cap() + 1} columns, got {continuation.shape[1]}")
+    return verify_greedy(tree, continuation.long().gather(1, tree.depths))
+
+
 def verify_sampling(
     tree: DDTree, target_probs: torch.Tensor, generator: torch.Generator | None = None
 ) -> Acceptance:

@@ -3,18 +3,27 @@
     python tests/gpu/e2e.py --matrix tests/gpu/matrix.json --run 1 \
         --site /tmp/k26/site --models /tmp/k26/models --out $OUT
 
-All servers of the run start at once on the one GPU (own port, small static memory
-fraction); the `ar` server's greedy outputs with top-2 log-probs are the reference
-and become the oracle file (K26_DDTREE_ORACLE) for `-oracle` servers (which start in
-a second wave unless --oracle-file carries an earlier run's); every other server runs
-its workloads concurrently once the reference exists. DDTree servers run on a patched
-copy of the site (`python -m k26_ddtree apply --sglang-dir COPY/sglang`); AR and DFLASH
-run on the pristine site. The report is written by --deadline-s whatever happens.
+The servers of a run share the one GPU (own port, small static memory fraction).
+They start in two waves when the matrix names a first wave (its servers fill the
+JIT caches the rest then load), and `-oracle` servers start once the `ar`
+server's greedy outputs with top-2 log-probs, the reference, have become their
+oracle file (K26_DDTREE_ORACLE), unless --oracle-file carries an earlier run's.
+Then one workload at a time: each server's matrix cells (lossless against the
+reference), or, in a speed run, the speed cells of k26_ddtree.gpu.speed. DDTree
+servers run on a patched copy of the site (`python -m k26_ddtree apply
+--sglang-dir COPY/sglang`); AR and DFLASH run on the pristine site. The report
+is written by --deadline-s whatever happens.
+
+Servers can outlive the run (--keep-for RUN: those a later run needs): a warm
+machine keeps /tmp and session leaders between device calls, so the next run
+reuses every server it finds alive, healthy and started from the same code and
+models (WORK/servers.json), and pays no start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -31,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.gpu import lossless, matrix, profile
+from k26_ddtree.gpu import lossless, matrix, profile, speed
 
 ORACLE_ENV = "K26_DDTREE_ORACLE"
 REQUEST_TIMEOUT_S = 300
@@ -56,6 +65,8 @@ class Server:
     port: int
     log: Path
     proc: subprocess.Popen | None = None
+    pid: int | None = None  # the server's process group; kept when an earlier run started it
+    reused: bool = False
     status: str = "not started"
     launched_at: float = 0.0
     ready_s: float | None = None
@@ -65,6 +76,20 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        if self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        return True
+
+    def exit_code(self):
+        return self.proc.returncode if self.proc is not None else "unknown"
 
 
 # --- http ----------------------------------------------------------------------------------------
@@ -119,22 +144,25 @@ def launch(server: Server, python: str, models: Path, settings: dict, env: dict)
         # there would shadow the site's packages.
         server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=server.log.parent,
                                        start_new_session=True)
+    server.pid = server.proc.pid
     server.status = "starting"
     server.launched_at = time.time()
 
 
 def stop(server: Server) -> None:
     """SIGTERM the server's process group, SIGKILL it after STOP_TIMEOUT_S (sglang drains without a deadline)."""
-    if server.proc is None or server.proc.poll() is not None:
+    if not server.alive():
         return
-    try:
-        os.killpg(server.proc.pid, signal.SIGTERM)
-        server.proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.proc.pid, signal.SIGKILL)
-        server.proc.wait(timeout=STOP_TIMEOUT_S)
-    except ProcessLookupError:
-        pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        until = time.time() + STOP_TIMEOUT_S
+        while server.alive() and time.time() < until:
+            time.sleep(0.2)
+        if not server.alive():
+            return
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -148,34 +176,25 @@ def wait_ready(server: Server, timeout: float) -> None:
     """Block until the server answers /health_generate (or dies / times out); ready_s counts from its launch."""
     from k26_ddtree.deploy.readiness import wait_ready as deploy_wait_ready
 
-    probe = deploy_wait_ready(lambda: server.proc.pid if server.proc.poll() is None else -1, server.url, timeout,
+    probe = deploy_wait_ready(lambda: server.pid if server.alive() else -1, server.url, timeout,
                               say=lambda m: None, interval=2.0)
     if probe.ready:
         server.status = "ready"
         server.ready_s = round(time.time() - server.launched_at, 1)
-        server.pids = {server.proc.pid} | descendants(server.proc.pid)
+        server.pids = {server.pid} | descendants(server.pid)
         say(f"{server.spec.name} ready after {server.ready_s} s")
     else:
         server.status = f"failed to start ({probe.state}: {probe.detail})"
         say(f"{server.spec.name} {server.status}\n{log_tail(server.log)}")
 
 
-class StartLatch:
-    """Opens once every first-wave server is ready or has failed: no workload runs while another
-    server still compiles and captures graphs on the same GPU, so tok/s are comparable."""
-
-    def __init__(self, count: int):
-        self.count = count
-        self.cond = threading.Condition()
-
-    def arrive(self) -> None:
-        with self.cond:
-            self.count -= 1
-            self.cond.notify_all()
-
-    def wait(self, timeout: float) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: self.count <= 0, timeout)
+def warm_sampling(server: Server) -> None:
+    """One short temperature request, so the sampling kernels are compiled before anything is timed."""
+    try:
+        post_json(server.url + "/generate", {"input_ids": [3, 4, 5], "sampling_params": {
+            "max_new_tokens": 16, "temperature": 0.7, "top_p": 0.95, "ignore_eos": True}})
+    except (OSError, ValueError) as err:
+        say(f"{server.spec.name}: sampling warm-up failed: {type(err).__name__}: {err}")
 
 
 class MemorySampler(threading.Thread):
@@ -202,8 +221,8 @@ class MemorySampler(threading.Thread):
                 if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
                     usage[int(parts[0])] = int(parts[1])
             for server in self.servers:
-                if server.proc is not None and server.proc.poll() is None:
-                    server.pids |= {server.proc.pid} | descendants(server.proc.pid)
+                if server.alive():
+                    server.pids |= {server.pid} | descendants(server.pid)
                     mine = sum(mib for pid, mib in usage.items() if pid in server.pids)
                     server.peak_mem_mib = max(server.peak_mem_mib, mine)
             first = total.stdout.strip().splitlines()[:1]
@@ -212,11 +231,6 @@ class MemorySampler(threading.Thread):
 
 
 # --- workloads -----------------------------------------------------------------------------------
-
-# Many servers share the one GPU; one workload at a time keeps each cell's tok/s its own
-# (servers still starting up only compile and capture, which costs little GPU time).
-GPU_TURN = threading.Lock()
-
 
 def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_tokens: int, want_logprobs: bool,
                  deadline: float):
@@ -276,27 +290,6 @@ def cell_record(server: Server, wname: str, workload: dict, results, wall: float
     else:
         cell["verdict"] = "completed" if not errors and tokens else "FAIL"
     return cell
-
-
-def serve_workloads(server: Server, names: list[str], spec: dict, prompts, reference, deadline: float,
-                    want_logprobs=False):
-    cells, raw = [], {}
-    for wname in names:
-        if server.status != "ready":
-            break
-        if deadline - time.time() < MIN_WORKLOAD_S:
-            server.status = f"cut off at the run deadline before {wname}"
-            break
-        workload = spec["workloads"][wname]
-        with GPU_TURN:
-            results, wall = run_workload(server, workload, prompts, spec["new_tokens"], want_logprobs, deadline)
-        raw[wname] = results
-        cell = cell_record(server, wname, workload, results, wall, reference, spec["eps"])
-        cells.append(cell)
-        say(f"{server.spec.name} {wname}: {cell['verdict']} tok/s {cell['tok_per_s']} accept {cell['accept_length']}")
-        if server.proc.poll() is not None:
-            server.status = f"crashed during {wname} (exit {server.proc.returncode})"
-    return cells, raw
 
 
 # --- patched site --------------------------------------------------------------------------------
@@ -365,17 +358,20 @@ def gpu_name() -> str:
         return "no nvidia-smi"
 
 
-def overall(servers_out: list[dict]) -> str:
-    """PASS, FAIL (what failed) or INCOMPLETE (what was skipped): a skipped server is not a pass."""
+def overall(servers_out: list[dict], speed_cells: list[dict] = ()) -> str:
+    """PASS, FAIL (what failed) or INCOMPLETE (what was skipped or cut): a skipped server is not a pass."""
     bad, skipped = [], []
+    measured = {c["server"] for c in speed_cells if c["repeats"]}
     for s in servers_out:
         if s["status"].startswith("skipped"):
             skipped.append(s["name"])
-        elif s["status"] != "stopped":
+        elif s["status"] not in ("stopped", "kept running"):
             bad.append(f"{s['name']}: {s['status']}")
-        elif not s["cells"]:
+        elif not s["cells"] and s["name"] not in measured:
             bad.append(f"{s['name']}: served no workload")
         bad += [f"{s['name']}/{c['workload']}: {c['verdict']}" for c in s["cells"] if c["verdict"] == "FAIL"]
+    bad += [f"{c['server']}/{c['cell']}: speed FAIL" for c in speed_cells if c["verdict"] == "FAIL"]
+    skipped += [f"{c['server']}/{c['cell']} ({c['note']})" for c in speed_cells if c["note"]]
     if bad:
         return "FAIL (" + "; ".join(bad) + ")"
     return "INCOMPLETE (skipped: " + ", ".join(skipped) + ")" if skipped else "PASS"
@@ -391,20 +387,7 @@ def write_outputs(out: Path, report: dict, logs: Path) -> None:
         tar.add(logs, arcname=f"logs-run{report['run']}")
 
 
-# --- main ----------------------------------------------------------------------------------------
-
-class Stagger:
-    """Serialises launches with a pause: every server profiles free memory around its weight
-    load, and a neighbour allocating inside that window would shrink (or negate) its KV budget."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.lock = seconds, threading.Lock()
-
-    def launch(self, server: Server, python: str, models: Path, settings: dict, env: dict) -> None:
-        with self.lock:
-            launch(server, python, models, settings, env)
-            time.sleep(self.seconds)
-
+# --- oracle --------------------------------------------------------------------------------------
 
 def write_oracle(path: Path, prompts: list[list[int]], reference: dict, seed: int, rank_policy: str) -> None:
     oracle = {"seed": seed, "rank_policy": rank_policy,
@@ -424,180 +407,318 @@ def oracle_agreement(carried: Path, reference: dict) -> dict:
             "first_divergences": [f for f in firsts if f is not None]}
 
 
-def run(args) -> dict:
-    t0 = time.time()
-    deadline = t0 + args.deadline_s
-    for name in ("matrix", "site", "models", "out", "work", "jit_dir", "patched_site", "oracle_file"):
-        if getattr(args, name) is not None:
-            setattr(args, name, getattr(args, name).resolve())
-    spec = matrix.load(args.matrix)
-    names = spec["runs"].get(str(args.run))
-    if names is None:
-        raise UserError(f"matrix {args.matrix} has no run {args.run!r} (runs: {', '.join(spec['runs'])})")
-    if args.only:
-        names = [n for n in names if n in args.only or n == "ar"]
-    prompts_doc = json.loads((args.models / "prompts.json").read_text())
-    prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: spec["prompts"]]
-    work = args.work
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = work / "logs"
-    if logs.exists():
-        shutil.rmtree(logs)
-    logs.mkdir(parents=True)
-    jit = args.jit_dir
-    base_env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1",
-                    TRITON_CACHE_DIR=str(jit / "triton"), TVM_FFI_CACHE_DIR=str(jit / "tvm-ffi"),
-                    FLASHINFER_WORKSPACE_BASE=str(jit / "flashinfer"), TORCHINDUCTOR_CACHE_DIR=str(jit / "inductor"))
-    base_env.pop(ORACLE_ENV, None)
-    oracle_path = work / "oracle.json"
-    oracle_path.unlink(missing_ok=True)
-    carried_oracle = args.oracle_file if args.oracle_file and args.oracle_file.is_file() else None
-    if carried_oracle:
-        shutil.copyfile(carried_oracle, oracle_path)
+# --- reuse across device calls ---------------------------------------------------------------------
 
-    servers = [Server(matrix.parse_server(n), args.base_port + i, logs / f"{n}.log") for i, n in enumerate(names)]
-    ddtree_site, why = None, ""
-    if args.patched_site:
-        ddtree_site, why = args.patched_site, "given with --patched-site"
-    elif any(s.spec.algo == "DDTREE" for s in servers):
-        say("applying the DDTree patch set to a copy of the site")
-        ddtree_site, why = patched_site(args.site, work, args.python, logs / "apply.log")
-        say(f"patch set: {why}")
-    envs = {}
-    for server in servers:
-        if server.spec.algo == "DDTREE" and ddtree_site is None:
-            server.status = f"skipped: {why}"
-            continue
-        site = ddtree_site if server.spec.algo == "DDTREE" else args.site
-        envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
-        if server.spec.oracle:
-            envs[server.spec.name][ORACLE_ENV] = str(oracle_path)
+def fingerprint(site: Path, models: Path) -> str:
+    """What a reused server must share with this run: the k26_ddtree it runs and the model pair."""
+    digest = hashlib.sha256()
+    for path in sorted((site / "k26_ddtree").rglob("*.py")):
+        digest.update(str(path.relative_to(site)).encode() + path.read_bytes())
+    for name in ("train_report.json", "prompts.json"):
+        if (models / name).is_file():
+            digest.update((models / name).read_bytes())
+    return digest.hexdigest()
 
-    # The oracle reads its file when the server starts: without a carried file, -oracle
-    # servers start in a second wave, once this run's AR reference is written.
-    second_wave = {n for n in envs if matrix.parse_server(n).oracle and carried_oracle is None}
-    stagger = Stagger(float(spec["server"].get("launch_stagger_s", 0)))
-    ready_timeout = float(spec["server"]["ready_timeout_s"])
 
-    def timeout() -> float:
-        return max(1.0, min(ready_timeout, deadline - time.time() - MIN_WORKLOAD_S))
-    sampler = MemorySampler(servers)
-    sampler.start()
-    reference_ready = threading.Event()
-    started = StartLatch(sum(1 for n in envs if n not in second_wave))
-    shared: dict = {"reference": None, "ref_rows": [], "results": {}}
+def load_kept(state: Path, expected: str) -> dict:
+    """{name: {"port", "pid", "launched_at"}} of the servers an earlier run left running for this
+    code and models; {} when there is no state or it is for something else."""
+    try:
+        kept = json.loads(state.read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept.get("servers", {}) if kept.get("fingerprint") == expected else {}
 
-    def ar_thread(ar: Server) -> None:
+
+class Stagger:
+    """Serialises launches with a pause: every server profiles free memory around its weight
+    load, and a neighbour allocating inside that window would shrink (or negate) its KV budget."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.lock = seconds, threading.Lock()
+
+    def launch(self, server: Server, python: str, models: Path, settings: dict, env: dict) -> None:
+        with self.lock:
+            launch(server, python, models, settings, env)
+            time.sleep(self.seconds)
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+class MatrixRun:
+    """One proving-ground run, phase by phase: start, reference, cells or speed, extras, report."""
+
+    def __init__(self, args):
+        for name in ("matrix", "site", "models", "out", "work", "jit_dir", "patched_site", "oracle_file"):
+            if getattr(args, name) is not None:
+                setattr(args, name, getattr(args, name).resolve())
+        self.args = args
+        self.t0 = time.time()
+        self.deadline = self.t0 + args.deadline_s
+        self.spec = matrix.load(args.matrix)
+        names = self.spec["runs"].get(str(args.run))
+        if names is None:
+            raise UserError(f"matrix {args.matrix} has no run {args.run!r} (runs: {', '.join(self.spec['runs'])})")
+        if args.only:
+            names = [n for n in names if n in args.only or n == "ar"]
+        self.is_speed = str(args.run) in self.spec.get("speed_runs", [])
+        self.settings = dict(self.spec["server"], **(self.spec.get("speed_server", {}) if self.is_speed else {}))
+        prompts_doc = json.loads((args.models / "prompts.json").read_text())
+        self.prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: self.spec["prompts"]]
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.logs = args.work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.state = args.work / "servers.json"
+        self.oracle_path = args.work / "oracle.json"
+        self.carried_oracle = args.oracle_file if args.oracle_file and args.oracle_file.is_file() else None
+        self.servers = [Server(matrix.parse_server(n), 0, self.logs / f"{n}.log") for n in names]
+        self.envs: dict[str, dict] = {}
+        self.reference: dict | None = None
+        self.ref_rows: list = []
+        self.cells: dict[str, list] = {s.spec.name: [] for s in self.servers}
+        self.speed: list[dict] = []
+        self.stagger = Stagger(float(self.settings.get("launch_stagger_s", 0)))
+        self.sampler = MemorySampler(self.servers)
+        self.fingerprint = fingerprint(args.site, args.models)
+
+    def time_left(self) -> float:
+        return self.deadline - time.time()
+
+    def ready_timeout(self) -> float:
+        return max(1.0, min(float(self.settings["ready_timeout_s"]), self.time_left() - MIN_WORKLOAD_S))
+
+    def run(self) -> dict:
+        self.sampler.start()
         try:
-            ar_work(ar)
-        except Exception as err:  # noqa: BLE001 - a runner bug must end up in the report, not kill the run
-            ar.status = f"runner error: {type(err).__name__}: {err}"
+            self.start_servers()
+            self.take_reference()
+            if self.is_speed:
+                self.measure_speed()
+            else:
+                self.serve_cells()
+            self.run_extras()
         finally:
-            reference_ready.set()
+            report = self.finish()
+        return report
 
-    def ar_work(ar: Server) -> None:
-        try:
-            wait_ready(ar, timeout())
-        finally:
-            started.arrive()
-        started.wait(timeout())
-        cells, raw = serve_workloads(ar, spec["ar_workloads"], spec, prompts, None, deadline, want_logprobs=True)
-        rows = [r for r in raw.get("greedy-c1", []) if "error" not in r]
-        if len(rows) == len(prompts):
-            reference = {r["prompt"]: r for r in rows}
-            for cell in cells:  # the AR server's own c16 answers are checked against its c1 reference
-                if cell["workload"] == "greedy-c1":
-                    cell["verdict"] = "reference"
-                else:
-                    checked = cell_record(ar, cell["workload"], spec["workloads"][cell["workload"]],
-                                          raw[cell["workload"]], cell["wall_s"], reference, spec["eps"])
-                    cell.update(divergences=checked["divergences"], verdict=checked["verdict"])
-            write_oracle(args.out / f"oracle-run{args.run}.json", prompts, reference, args.seed, args.rank_policy)
-            if carried_oracle is None:
-                shutil.copyfile(args.out / f"oracle-run{args.run}.json", oracle_path)
-            shared.update(reference=reference, ref_rows=rows)
+    # start --------------------------------------------------------------------------------------
+    def start_servers(self) -> None:
+        """Reuse what an earlier run kept, launch the rest (first wave, then the others; -oracle
+        servers wait for the reference), and wait until every launched server is ready."""
+        kept = load_kept(self.state, self.fingerprint)
+        used_ports = {int(k["port"]) for k in kept.values()}
+        port = self.args.base_port
+        to_launch = []
+        for server in self.servers:
+            old = kept.get(server.spec.name)
+            if old and self.reuse(server, old):
+                continue
+            while port in used_ports:
+                port += 1
+            server.port, port = port, port + 1
+            to_launch.append(server)
+        self.prepare_envs(to_launch)
+        to_launch = [s for s in to_launch if s.spec.name in self.envs]
+        if self.carried_oracle:
+            shutil.copyfile(self.carried_oracle, self.oracle_path)
         else:
-            say("AR reference incomplete: greedy cells cannot be judged")
-        shared["results"]["ar"] = {"cells": cells}
+            self.oracle_path.unlink(missing_ok=True)
+        first = set(self.spec.get("first_wave", []))
+        now = [s for s in to_launch if not self.waits_for_reference(s)]
+        wave1 = [s for s in now if s.spec.name in first]
+        self.launch_and_wait(wave1)
+        # The first sampling request of a process compiles flashinfer's sampling kernels
+        # (about 100 s): the first wave pays it once, into the shared cache, while the rest start.
+        warmers = [threading.Thread(target=warm_sampling, args=(s,)) for s in wave1 if s.status == "ready"]
+        for t in warmers:
+            t.start()
+        self.launch_and_wait([s for s in now if s.spec.name not in first])
+        for t in warmers:
+            t.join(timeout=max(1.0, self.time_left() - MIN_WORKLOAD_S))
+        reused = [s.spec.name for s in self.servers if s.reused]
+        say(f"servers ready: {sum(s.status == 'ready' for s in self.servers)}; reused from an earlier run: "
+            f"{', '.join(reused) or 'none'}")
 
-    def other_thread(server: Server) -> None:
-        try:
-            other_work(server)
-        except Exception as err:  # noqa: BLE001 - as in ar_thread
-            server.status = f"runner error: {type(err).__name__}: {err}"
+    def reuse(self, server: Server, old: dict) -> bool:
+        server.port, server.pid = int(old["port"]), int(old["pid"])
+        if server.alive() and get_json(server.url + "/server_info", timeout=10) is not None:
+            server.reused, server.status = True, "ready"
+            server.launched_at, server.ready_s = float(old.get("launched_at", 0)), 0.0
+            server.pids = {server.pid} | descendants(server.pid)
+            return True
+        server.pid = None
+        return False
 
-    def other_work(server: Server) -> None:
-        name = server.spec.name
-        if name in second_wave:
-            reference_ready.wait()
-            if shared["reference"] is None:
+    def waits_for_reference(self, server: Server) -> bool:
+        return server.spec.oracle and self.carried_oracle is None
+
+    def prepare_envs(self, to_launch: list[Server]) -> None:
+        args = self.args
+        base_env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1",
+                        TRITON_CACHE_DIR=str(args.jit_dir / "triton"), TVM_FFI_CACHE_DIR=str(args.jit_dir / "tvm-ffi"),
+                        FLASHINFER_WORKSPACE_BASE=str(args.jit_dir / "flashinfer"),
+                        TORCHINDUCTOR_CACHE_DIR=str(args.jit_dir / "inductor"))
+        base_env.pop(ORACLE_ENV, None)
+        ddtree_site, why = None, ""
+        previous = args.work / "site-ddtree"
+        if args.patched_site:
+            ddtree_site, why = args.patched_site, "given with --patched-site"
+        elif previous.is_dir() and any(s.reused and s.spec.algo == "DDTREE" for s in self.servers):
+            # Reused servers run from it: copying it anew would pull the files from under them.
+            ddtree_site, why = previous, "the one the reused servers run from"
+        elif any(s.spec.algo == "DDTREE" for s in to_launch):
+            say("applying the DDTree patch set to a copy of the site")
+            ddtree_site, why = patched_site(args.site, args.work, args.python, self.logs / "apply.log")
+            say(f"patch set: {why}")
+        for server in to_launch:
+            if server.spec.algo == "DDTREE" and ddtree_site is None:
+                server.status = f"skipped: {why}"
+                continue
+            site = ddtree_site if server.spec.algo == "DDTREE" else args.site
+            self.envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
+            if server.spec.oracle:
+                self.envs[server.spec.name][ORACLE_ENV] = str(self.oracle_path)
+
+    def launch_and_wait(self, wave: list[Server]) -> None:
+        if not wave:
+            return
+        for server in wave:
+            self.stagger.launch(server, self.args.python, self.args.models, self.settings, self.envs[server.spec.name])
+        say(f"launched {', '.join(s.spec.name for s in wave)}")
+        threads = [threading.Thread(target=wait_ready, args=(s, self.ready_timeout())) for s in wave]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # reference ----------------------------------------------------------------------------------
+    def take_reference(self) -> None:
+        """AR greedy-c1 with top-2 log-probs: the reference of every greedy cell and the oracle file;
+        then the -oracle servers start."""
+        ar = next(s for s in self.servers if s.spec.name == "ar")
+        if ar.status == "ready":
+            workload = self.spec["workloads"]["greedy-c1"]
+            results, wall = run_workload(ar, workload, self.prompts, self.spec["new_tokens"], True, self.deadline)
+            rows = [r for r in results if "error" not in r]
+            cell = cell_record(ar, "greedy-c1", workload, results, wall, None, self.spec["eps"])
+            if len(rows) == len(self.prompts):
+                self.reference = {r["prompt"]: r for r in rows}
+                self.ref_rows = rows
+                cell["verdict"] = "reference"
+                path = self.args.out / f"oracle-run{self.args.run}.json"
+                write_oracle(path, self.prompts, self.reference, self.args.seed, self.args.rank_policy)
+                if self.carried_oracle is None:
+                    shutil.copyfile(path, self.oracle_path)
+            else:
+                say("AR reference incomplete: greedy cells cannot be judged")
+            self.cells["ar"].append(cell)
+        waiting = [s for s in self.servers if s.spec.name in self.envs and self.waits_for_reference(s)]
+        if self.reference is None:
+            for server in waiting:
                 server.status = "skipped: no AR reference for the oracle file"
-                return
-            stagger.launch(server, args.python, args.models, spec["server"], envs[name])
-        try:
-            wait_ready(server, timeout())
-        finally:
-            if name not in second_wave:
-                started.arrive()
-        started.wait(timeout())
-        reference_ready.wait()
-        workloads = spec["spec_workloads"] if server.spec.speculative else spec["ar_workloads"]
-        cells, _ = serve_workloads(server, workloads, spec, prompts, shared["reference"], deadline)
-        shared["results"][name] = {"cells": cells}
+            return
+        self.launch_and_wait(waiting)
 
-    for server in servers:
-        if server.spec.name in envs and server.spec.name not in second_wave:
-            stagger.launch(server, args.python, args.models, spec["server"], envs[server.spec.name])
-    say(f"launched {sum(s.proc is not None for s in servers)} servers; second wave: {sorted(second_wave) or 'none'}")
-    ar = next(s for s in servers if s.spec.name == "ar")
-    threads = [threading.Thread(target=ar_thread, args=(ar,))]
-    threads += [threading.Thread(target=other_thread, args=(s,)) for s in servers
-                if s is not ar and s.spec.name in envs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # cells --------------------------------------------------------------------------------------
+    def serve_cells(self) -> None:
+        """Each server's matrix workloads, one workload on the GPU at a time; greedy cells are judged
+        against the reference (the AR server's own c16 against its c1)."""
+        for server in self.servers:
+            names = self.spec["spec_workloads"] if server.spec.speculative else self.spec["ar_workloads"]
+            for wname in names:
+                if server.spec.name == "ar" and wname == "greedy-c1":
+                    continue
+                if server.status != "ready":
+                    break
+                if self.time_left() < MIN_WORKLOAD_S:
+                    server.status = f"cut off at the run deadline before {wname}"
+                    break
+                workload = self.spec["workloads"][wname]
+                results, wall = run_workload(server, workload, self.prompts, self.spec["new_tokens"], False,
+                                             self.deadline)
+                cell = cell_record(server, wname, workload, results, wall, self.reference, self.spec["eps"])
+                self.cells[server.spec.name].append(cell)
+                say(f"{server.spec.name} {wname}: {cell['verdict']} tok/s {cell['tok_per_s']} "
+                    f"accept {cell['accept_length']}")
+                if not server.alive():
+                    server.status = f"crashed during {wname} (exit {server.exit_code()})"
 
-    if args.bench_server:
-        run_bench_harness(servers, args, deadline)
-    for name in args.profile_server:
-        profile_server(servers, name, prompts, spec["new_tokens"], args, deadline)
+    def measure_speed(self) -> None:
+        ready = [s for s in self.servers if s.status == "ready"]
+        spec = speed.SpeedSpec.from_matrix(self.spec)
+        # What the report still needs: stopping kept servers is not needed, the rest is quick.
+        self.speed = speed.measure(ready, spec, self.prompts, self.reference,
+                                   lambda url, ids, params: post_json(url + "/generate",
+                                                                      {"input_ids": ids, "sampling_params": params}),
+                                   self.deadline - 30, say)
+        for server in ready:
+            if not server.alive():
+                server.status = f"crashed during the speed cells (exit {server.exit_code()})"
 
-    results = shared["results"]
-    for s in servers:
-        if s.status == "ready" and s.proc.poll() is not None:
-            s.status = f"exited early (code {s.proc.returncode})"
-        info = get_json(s.url + "/server_info") if s.status == "ready" else None
-        if info:
-            states = info.get("internal_states") or [{}]
-            results.setdefault(s.spec.name, {})["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
-    sampler.stop_event.set()
-    for s in servers:
-        stop(s)
-        if s.status == "ready":
-            s.status = "stopped"
-    sampler.join(timeout=30)
+    def run_extras(self) -> None:
+        if self.args.bench_server:
+            run_bench_harness(self.servers, self.args, self.deadline)
+        for name in self.args.profile_server:
+            profile_server(self.servers, name, self.prompts, self.spec["new_tokens"], self.args, self.deadline)
 
-    servers_out = []
-    for s in servers:
-        servers_out.append({"name": s.spec.name, "algo": s.spec.algo, "budget": s.spec.budget, "topk": s.spec.topk,
-                            "oracle": s.spec.oracle, "eager": s.spec.eager, "spine": s.spec.spine, "status": s.status, "ready_s": s.ready_s,
-                            "capture_s": capture_seconds(s.log), "peak_mem_mib": s.peak_mem_mib,
-                            "fatal_log_lines": fatal_lines(s.log),
-                            "avg_spec_accept_length": results.get(s.spec.name, {}).get("avg_spec_accept_length"),
-                            "cells": results.get(s.spec.name, {}).get("cells", [])})
-    ref_rows = shared["ref_rows"]
-    report = {"run": str(args.run), "device": gpu_name(), "prompts": len(prompts), "new_tokens": spec["new_tokens"],
-              "eps": spec["eps"], "wall_s": round(time.time() - t0, 1), "gpu_peak_mib": sampler.total_peak_mib,
-              "reference_gaps": lossless.gap_stats([r["top2"] for r in ref_rows]) if ref_rows else None,
-              "oracle_file": "carried" if carried_oracle else "this run's AR",
-              "servers": servers_out}
-    if carried_oracle and shared["reference"]:
-        report["carried_oracle_vs_this_ar"] = oracle_agreement(carried_oracle, shared["reference"])
-    report["overall"] = overall(servers_out)
-    write_outputs(args.out, report, logs)
-    say(f"run {args.run}: {report['overall']} ({report['wall_s']} s)")
-    return report
+    # report -------------------------------------------------------------------------------------
+    def finish(self) -> dict:
+        """Server info, stop what no later run needs (or keep it, recorded in WORK/servers.json),
+        and write the report."""
+        keep = {n for run in self.args.keep_for for n in self.spec["runs"].get(run, [])}
+        accept = {}
+        for s in self.servers:
+            if s.status == "ready" and not s.alive():
+                s.status = f"exited early (code {s.exit_code()})"
+            info = get_json(s.url + "/server_info") if s.status == "ready" else None
+            if info:
+                states = info.get("internal_states") or [{}]
+                accept[s.spec.name] = states[0].get("avg_spec_accept_length")
+        self.sampler.stop_event.set()
+        kept = {}
+        for s in self.servers:
+            if s.spec.name in keep and s.status == "ready":
+                kept[s.spec.name] = {"port": s.port, "pid": s.pid, "launched_at": s.launched_at}
+                s.status = "kept running"
+                continue
+            stop(s)
+            if s.status == "ready":
+                s.status = "stopped"
+        previous = {n: v for n, v in load_kept(self.state, self.fingerprint).items() if n not in {s.spec.name for s in self.servers}}
+        self.state.write_text(json.dumps({"fingerprint": self.fingerprint, "servers": {**previous, **kept}}, indent=1) + "\n")
+        self.sampler.join(timeout=30)
+        report = self.report(accept)
+        write_outputs(self.args.out, report, self.logs)
+        if self.is_speed:
+            spec = speed.SpeedSpec.from_matrix(self.spec)
+            baseline = next((s.spec.name for s in self.servers if s.spec.algo == "DFLASH"), "ar")
+            (self.args.out / f"speed-run{self.args.run}.md").write_text(
+                speed.markdown(str(self.args.run), self.speed, baseline, spec, report["device"]))
+        say(f"run {self.args.run}: {report['overall']} ({report['wall_s']} s)")
+        return report
+
+    def report(self, accept: dict) -> dict:
+        servers_out = []
+        for s in self.servers:
+            servers_out.append({"name": s.spec.name, "algo": s.spec.algo, "budget": s.spec.budget, "topk": s.spec.topk,
+                                "drafter": s.spec.drafter, "eager": s.spec.eager, "spine": s.spec.spine,
+                                "status": s.status, "reused": s.reused, "port": s.port, "ready_s": s.ready_s,
+                                "capture_s": capture_seconds(s.log), "peak_mem_mib": s.peak_mem_mib,
+                                "fatal_log_lines": fatal_lines(s.log),
+                                "avg_spec_accept_length": accept.get(s.spec.name),
+                                "cells": self.cells.get(s.spec.name, [])})
+        report = {"run": str(self.args.run), "device": gpu_name(), "prompts": len(self.prompts),
+                  "new_tokens": self.spec["new_tokens"], "eps": self.spec["eps"],
+                  "wall_s": round(time.time() - self.t0, 1), "gpu_peak_mib": self.sampler.total_peak_mib,
+                  "reference_gaps": lossless.gap_stats([r["top2"] for r in self.ref_rows]) if self.ref_rows else None,
+                  "oracle_file": "carried" if self.carried_oracle else "this run's AR",
+                  "servers": servers_out}
+        if self.is_speed:
+            report["speed"] = self.speed
+        if self.carried_oracle and self.reference:
+            report["carried_oracle_vs_this_ar"] = oracle_agreement(self.carried_oracle, self.reference)
+        report["overall"] = overall(servers_out, self.speed)
+        return report
 
 
 def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
@@ -620,7 +741,7 @@ def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
         cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(results),
                "--label", name, "--contexts", "60,512", "--concurrency", "1,8", "--output-len", "128",
                "--id-range", "3:2000", "--seed", "0", "--quiet"]
-        with GPU_TURN, log.open("a") as fh:
+        with log.open("a") as fh:
             try:
                 rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=budget).returncode
             except subprocess.TimeoutExpired:
@@ -644,22 +765,21 @@ def profile_server(servers: list[Server], name: str, prompts, new_tokens: int, a
         return
     trace_dir = args.work / f"profile-{name}"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    with GPU_TURN:
-        try:
-            # /start_profile answers with plain text, not JSON.
-            post(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": PROFILE_STEPS,
-                                                      "activities": ["CPU", "GPU"]}, timeout=60)
-            post_json(server.url + "/generate", {"input_ids": prompts[0], "sampling_params": {
-                "max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}}, timeout=120)
-        except (OSError, ValueError) as err:
-            say(f"profile {name}: {type(err).__name__}: {err}")
-            return
-        trace = None
-        for _ in range(60):
-            trace = profile.newest_trace(trace_dir)
-            if trace is not None and time.time() - trace.stat().st_mtime > 2:
-                break
-            time.sleep(1)
+    try:
+        # /start_profile answers with plain text, not JSON.
+        post(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": PROFILE_STEPS,
+                                                  "activities": ["CPU", "GPU"]}, timeout=60)
+        post_json(server.url + "/generate", {"input_ids": prompts[0], "sampling_params": {
+            "max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}}, timeout=120)
+    except (OSError, ValueError) as err:
+        say(f"profile {name}: {type(err).__name__}: {err}")
+        return
+    trace = None
+    for _ in range(60):
+        trace = profile.newest_trace(trace_dir)
+        if trace is not None and time.time() - trace.stat().st_mtime > 2:
+            break
+        time.sleep(1)
     if trace is None:
         say(f"profile {name}: no trace was written")
         return
@@ -671,8 +791,7 @@ def profile_server(servers: list[Server], name: str, prompts, new_tokens: int, a
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e2e.py", description=__doc__.split("\n")[0])
     parser.add_argument("--matrix", type=Path, required=True, help="tests/gpu/matrix.json")
-    parser.add_argument("--run", required=True,
-                        help="which run of the matrix (1, 2, 3, 23, validate, final or profile)")
+    parser.add_argument("--run", required=True, help="which run of the matrix (its \"runs\" keys)")
     parser.add_argument("--site", type=Path, required=True, help="installed offline bundle (PYTHONPATH folder)")
     parser.add_argument("--models", type=Path, required=True, help="folder with target/, drafter/, prompts.json")
     parser.add_argument("--out", type=Path, required=True, help="where e2e-runN.json/.md and the logs tarball go")
@@ -696,9 +815,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-server", action="append", default=[],
                         help=f"also record and summarise a torch-profiler trace of {PROFILE_STEPS} decode steps "
                         "on this server (repeatable; OUT/profile-NAME.txt)")
+    parser.add_argument("--keep-for", action="append", default=[], metavar="RUN",
+                        help="leave running the servers matrix run RUN also starts, for a later device call on the "
+                        "same warm machine to reuse (recorded in WORK/servers.json; repeatable)")
     args = parser.parse_args(argv)
     try:
-        report = run(args)
+        report = MatrixRun(args).run()
     except UserError as err:
         print(f"e2e: error: {err}", file=sys.stderr)
         return err.code

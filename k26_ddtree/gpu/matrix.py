@@ -1,11 +1,14 @@
 """The proving-ground matrix: server names, what they mean, and the sglang command line of each.
 
-Server names say everything: `ar`, `dflash`, `ddtree-b<budget>-k<topk>-<real|oracle>`,
-a DDTree name optionally suffixed `-spine` (--speculative-ddtree-spine), and any name
-optionally suffixed `-eager` (no CUDA graphs). The issue's matrix is BUDGETS x TOPKS; any
-other valid budget (1 <= budget <= sum of topk^d) may be named too, e.g. b2 to show that
-small budgets start. `matrix.json` (tests/gpu/) lists
-which servers each device run starts.
+Server names say everything: `ar`, `dflash` or `dflash-weak`, and
+`ddtree-b<budget>-k<topk>-<real|weak|oracle>`, a DDTree name optionally suffixed `-spine`
+(--speculative-ddtree-spine), and any name optionally suffixed `-eager` (no CUDA graphs).
+The drafter: `real` is the trained drafter (accepts about 8 of 8), `weak` the imperfect
+one (fewer steps, less capacity: linear DFlash accepts 3-4.5 of 8, as K2.x drafters do on
+real text), `oracle` the trained drafter with the test-only oracle rewriting its top-K.
+The issue's matrix is BUDGETS x TOPKS; any other valid budget (1 <= budget <= sum of
+topk^d) may be named too, e.g. b2 to show that small budgets start. `matrix.json`
+(tests/gpu/) lists which servers each device run starts.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ BUDGETS = (4, 8, 16, 32, 64)
 TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
 _NAME = re.compile(
-    r"^(ar|dflash|ddtree-b(?P<b>\d+)-k(?P<k>\d+)-(?P<drafter>real|oracle)(?P<spine>-spine)?)(?P<eager>-eager)?$"
+    r"^(ar|dflash(?P<dflash_weak>-weak)?|ddtree-b(?P<b>\d+)-k(?P<k>\d+)-(?P<drafter>real|weak|oracle)"
+    r"(?P<spine>-spine)?)(?P<eager>-eager)?$"
 )
+# The drafter checkpoint folder of each drafter kind, under the models folder.
+DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak"}
 
 
 def valid_pairs() -> list[tuple[int, int]]:
@@ -36,7 +42,7 @@ class ServerSpec:
     algo: str  # AR, DFLASH, DDTREE
     budget: int = 0
     topk: int = 0
-    oracle: bool = False
+    drafter: str = "real"  # real, weak or oracle
     eager: bool = False
     spine: bool = False
 
@@ -44,22 +50,26 @@ class ServerSpec:
     def speculative(self) -> bool:
         return self.algo != "AR"
 
+    @property
+    def oracle(self) -> bool:
+        return self.drafter == "oracle"
+
 
 def parse_server(name: str) -> ServerSpec:
     m = _NAME.match(name)
     if not m:
-        raise UserError(f"server name {name!r}: expected ar, dflash or ddtree-b<B>-k<K>-<real|oracle>[-spine], "
-                        "optionally with -eager")
+        raise UserError(f"server name {name!r}: expected ar, dflash[-weak] or "
+                        "ddtree-b<B>-k<K>-<real|weak|oracle>[-spine], optionally with -eager")
     eager = bool(m.group("eager"))
     if name.startswith("ar"):
         return ServerSpec(name, "AR", eager=eager)
     if name.startswith("dflash"):
-        return ServerSpec(name, "DFLASH", eager=eager)
+        return ServerSpec(name, "DFLASH", drafter="weak" if m.group("dflash_weak") else "real", eager=eager)
     budget, topk = int(m.group("b")), int(m.group("k"))
     if not (1 <= budget <= max_budget(BLOCK_SIZE - 1, topk)) or topk < 1:
         raise UserError(f"server {name}: budget {budget} with topk {topk} is not valid "
                         f"(1 <= budget <= sum of topk^d for d=1..{BLOCK_SIZE - 1})")
-    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter") == "oracle", eager, bool(m.group("spine")))
+    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter"), eager, bool(m.group("spine")))
 
 
 def load(path: Path) -> dict:
@@ -85,14 +95,18 @@ def server_command(spec: ServerSpec, models: Path, port: int, settings: dict) ->
            "--max-total-tokens", str(settings["max_total_tokens"]),
            "--max-running-requests", str(settings["max_running_requests"]),
            "--disable-piecewise-cuda-graph", "--skip-server-warmup", "--random-seed", "0",
-           "--decode-log-interval", "40"]
+           "--decode-log-interval", "40",
+           # An idle SGLang scheduler otherwise spins a core at 100%: with many servers on one
+           # box that steals the CPU the measured server's host-bound steps run on.
+           "--sleep-on-idle"]
     if spec.eager:
         cmd.append("--disable-cuda-graph")
     else:
         bs = [int(b) for b in settings["cuda_graph_bs"]]
         cmd += ["--cuda-graph-max-bs", str(max(bs)), "--cuda-graph-bs", *[str(b) for b in bs]]
     if spec.speculative:
-        cmd += ["--speculative-algorithm", spec.algo, "--speculative-draft-model-path", str(models / "drafter")]
+        cmd += ["--speculative-algorithm", spec.algo,
+                "--speculative-draft-model-path", str(models / DRAFTER_DIRS[spec.drafter])]
     if spec.algo == "DDTREE":
         cmd += ["--speculative-ddtree-budget", str(spec.budget), "--speculative-ddtree-topk", str(spec.topk)]
         if spec.spine:

@@ -2,12 +2,18 @@
 
     python -m k26_ddtree.gpu.train --out DIR [--seed 0] [--time-budget 150]
 
-Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter (DFlashDraftModel),
-DIR/prompts.json (the 8 fixed prompts as token ids) and DIR/train_report.json.
+Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter and DIR/drafter-weak
+(DFlashDraftModel), DIR/prompts.json (the 8 fixed prompts as token ids),
+DIR/train_report.json and DIR/acceptance.json.
 The target trains until the median top-1/top-2 log-prob gap along its greedy
 continuations of the prompts passes GAP_GOAL nats (bf16 noise is ~0.01); the
 drafter then trains DFlash-style on the frozen target's features until its
-simulated acceptance length stops improving or its time share runs out.
+simulated acceptance length stops improving or its time share runs out. The
+imperfect drafter is the same recipe with half the capacity (tinymodel.
+WEAK_DRAFT_CONFIG), stopped as soon as linear DFlash accepts WEAK_GOAL of 8.
+acceptance.json holds, for both drafters, the exact greedy acceptance of every
+tree shape along the target's continuations (k26_ddtree.gpu.acceptance) and
+the rank of the true token at each draft depth.
 """
 
 from __future__ import annotations
@@ -24,8 +30,16 @@ import torch
 import torch.nn.functional as F
 
 from k26_ddtree.gpu import corpus, tinymodel, tokenizer
+from k26_ddtree.gpu.acceptance import CHAIN, DraftTopK, TreeShape, acceptance_table, rank_histogram
 
 GAP_GOAL = 3.0
+# Linear DFlash acceptance the imperfect drafter stops at (the issue's band is 3.0-4.5).
+WEAK_GOAL = 3.75
+RANKS_KEPT = 8
+# The speed configs and the acceptance grid of the proving ground (tests/gpu/matrix.json).
+TREE_SHAPES = [CHAIN, TreeShape(7, 1, True)] + [
+    TreeShape(budget, topk, spine) for budget in (8, 16, 32, 64) for topk in (4, 8) for spine in (False, True)
+]
 SEQ_LEN = 256
 EVAL_NEW_TOKENS = 96
 CORPUS_WORDS = 300_000
@@ -41,12 +55,15 @@ class Knobs:
     target_min_steps: int = 600
     draft_eval_every: int = 250
     draft_min_steps: int = 1000
+    weak_eval_every: int = 10
+    report_new_tokens: int = 256
     eval_new_tokens: int = EVAL_NEW_TOKENS
     corpus_words: int = CORPUS_WORDS
 
 
 SMOKE = Knobs(target_batch=2, draft_batch=2, draft_blocks=2, target_eval_every=2, target_min_steps=2,
-              draft_eval_every=2, draft_min_steps=2, eval_new_tokens=4, corpus_words=20_000)
+              draft_eval_every=2, draft_min_steps=2, weak_eval_every=2, eval_new_tokens=12, report_new_tokens=12,
+              corpus_words=20_000)
 
 
 def amp(device: torch.device):
@@ -114,19 +131,19 @@ def train_target(target, data, device, seed: int, deadline: float, prompts, knob
     return {"steps": step, "final_loss": loss}
 
 
-def draft_batch(target, drafter, windows, n_blocks: int, gen: torch.Generator):
-    """One DFlash training batch: blocks anchored at random positions, loss on block slots 1..B-1."""
+def block_logits(target, drafter, windows: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """[b, n, BS - 1, V] float logits of the drafter's blocks rooted at anchors [b, n] of windows
+    [b, t], as the server drafts them: the target's features before each root as context, the
+    block [root, MASK x (BS - 1)] non-causal, logits through the target's lm_head."""
     device = windows.device
     b, t = windows.shape
+    n_blocks = anchors.shape[1]
     bs = tinymodel.BLOCK_SIZE
     with torch.no_grad(), amp(device):
         _, features = target(windows)
-    anchors = torch.randint(1, t - bs, (b, n_blocks), generator=gen).to(device)
-    offsets = torch.arange(bs, device=device)
-    block_pos = (anchors[..., None] + offsets).view(b, -1)
+    block_pos = (anchors[..., None] + torch.arange(bs, device=device)).view(b, -1)
     block_ids = torch.full_like(block_pos, tinymodel.MASK_TOKEN_ID)
     block_ids.view(b, n_blocks, bs)[..., 0] = windows.gather(1, anchors)
-    labels = windows.gather(1, block_pos).view(b, n_blocks, bs)[..., 1:]
     ctx_pos = torch.arange(t, device=device)
     sees_ctx = ctx_pos.view(1, 1, t) < anchors.repeat_interleave(bs, dim=1)[..., None]
     blk = torch.arange(n_blocks * bs, device=device) // bs
@@ -135,47 +152,53 @@ def draft_batch(target, drafter, windows, n_blocks: int, gen: torch.Generator):
     embeds = target.model.embed_tokens(block_ids).detach()
     with amp(device):
         hidden = drafter(embeds, block_pos, features, ctx_pos.expand(b, t), mask)
-        logits = target.lm_head(hidden).float().view(b, n_blocks, bs, -1)[:, :, 1:]
-    return logits, labels
+        return target.lm_head(hidden).float().view(b, n_blocks, bs, -1)[:, :, 1:]
 
 
-@torch.no_grad()
-def draft_tokens(target, drafter, seq: torch.Tensor, features: torch.Tensor, anchor: int) -> list[int]:
-    device = seq.device
+def draft_batch(target, drafter, windows, n_blocks: int, gen: torch.Generator):
+    """One DFlash training batch: blocks anchored at random positions, loss on block slots 1..B-1."""
+    b, t = windows.shape
     bs = tinymodel.BLOCK_SIZE
-    block_ids = torch.full((1, bs), tinymodel.MASK_TOKEN_ID, device=device)
-    block_ids[0, 0] = seq[anchor]
-    block_pos = anchor + torch.arange(bs, device=device).view(1, bs)
-    ctx_pos = torch.arange(anchor, device=device).view(1, anchor)
-    mask = torch.ones(1, bs, anchor + bs, dtype=torch.bool, device=device)
-    with amp(device):
-        hidden = drafter(target.model.embed_tokens(block_ids), block_pos, features[:, :anchor], ctx_pos, mask)
-        logits = target.lm_head(hidden[:, 1:]).float()
-    return logits.argmax(-1)[0].tolist()
+    anchors = torch.randint(1, t - bs, (b, n_blocks), generator=gen).to(windows.device)
+    block_pos = (anchors[..., None] + torch.arange(bs, device=windows.device)).view(b, -1)
+    labels = windows.gather(1, block_pos).view(b, n_blocks, bs)[..., 1:]
+    return block_logits(target, drafter, windows, anchors), labels
 
 
 @torch.no_grad()
-def simulated_acceptance(target, drafter, greedy_seqs, prompt_lens) -> float:
+def draft_topk(target, drafter, seq: list[int], start: int) -> tuple[DraftTopK, torch.Tensor]:
+    """The drafter's top-RANKS_KEPT at every root from `start` whose next D + 1 tokens `seq`
+    knows, and the rank (1-based) of the true token at each depth: ([A, D] ranks)."""
+    device = next(target.parameters()).device
+    depth = tinymodel.BLOCK_SIZE - 1
+    ids = torch.tensor(seq, device=device)
+    anchors = torch.arange(start, len(seq) - depth - 1, device=device)
+    logits = block_logits(target, drafter, ids[None], anchors[None])[0].log_softmax(-1)
+    truth = ids[anchors[:, None] + 1 + torch.arange(depth + 1, device=device)]
+    top = logits.topk(RANKS_KEPT, dim=-1)
+    ranks = (logits > logits.gather(2, truth[:, :depth, None])).sum(-1) + 1
+    return DraftTopK(tokens=top.indices, logprobs=top.values, truth=truth, roots=ids[anchors]), ranks
+
+
+def linear_acceptance(target, drafter, greedy_seqs, prompt_lens) -> float:
     """Mean committed tokens per verify step (accepted drafts + bonus) of a linear DFlash walk."""
-    lengths = []
-    for seq_list, start in zip(greedy_seqs, prompt_lens):
-        seq = torch.tensor(seq_list, device=next(target.parameters()).device)
-        with amp(seq.device):
-            _, features = target(seq[None])
-        anchor = start
-        while anchor + tinymodel.BLOCK_SIZE <= seq.numel():
-            drafts = draft_tokens(target, drafter, seq, features, anchor)
-            matched = 0
-            while matched < len(drafts) and drafts[matched] == int(seq[anchor + 1 + matched]):
-                matched += 1
-            lengths.append(matched + 1)
-            anchor += matched + 1
-    return sum(lengths) / max(1, len(lengths))
+    topks = [draft_topk(target, drafter, seq, start)[0] for seq, start in zip(greedy_seqs, prompt_lens)]
+    return acceptance_table(topks, [CHAIN])[CHAIN.name]
 
 
-def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, prompt_lens, knobs: Knobs):
+def drafter_report(target, drafter, greedy_seqs, prompt_lens) -> dict:
+    """Every tree shape's exact greedy acceptance and the true token's rank per depth."""
+    pairs = [draft_topk(target, drafter, seq, start) for seq, start in zip(greedy_seqs, prompt_lens)]
+    return {"acceptance": acceptance_table([p[0] for p in pairs], TREE_SHAPES),
+            "rank_histogram": rank_histogram([p[1] for p in pairs])}
+
+
+def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, prompt_lens, knobs: Knobs,
+                  goal: float | None = None):
+    """Train until simulated acceptance stops improving, or (goal) first reaches `goal`."""
     opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed + 7)
+    every = knobs.draft_eval_every if goal is None else knobs.weak_eval_every
     step, best, loss = 0, 0.0, float("nan")
     while time.time() < deadline:
         windows = sample_windows(data, knobs.draft_batch, SEQ_LEN, gen)[:, :-1].to(device)
@@ -183,16 +206,31 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         optimizer_step(opt, loss_t, drafter)
         step += 1
-        if step % knobs.draft_eval_every == 0:
+        if step % every == 0:
             loss = float(loss_t.detach())
             drafter.eval()
-            acc = simulated_acceptance(target, drafter, greedy_seqs[:4], prompt_lens[:4])
+            acc = linear_acceptance(target, drafter, greedy_seqs[:4], prompt_lens[:4])
             drafter.train()
             log(f"drafter step {step} loss {loss:.3f} simulated acceptance {acc:.2f}")
-            if acc <= best + 0.02 and step >= knobs.draft_min_steps:
+            if goal is not None and acc >= goal:
+                break
+            if goal is None and acc <= best + 0.02 and step >= knobs.draft_min_steps:
                 break
             best = max(best, acc)
     return {"steps": step, "final_loss": loss}
+
+
+def trained_drafter(config: dict, seed: int, target, data, device, deadline, greedy, prompt_lens, knobs: Knobs,
+                    goal: float | None = None):
+    """A drafter of `config`, trained; (drafter, report with its linear acceptance on all prompts)."""
+    drafter = tinymodel.TinyDFlashDrafter(config)
+    tinymodel.init_weights(drafter, seed)
+    tinymodel.out_proj_scale(drafter, config["num_hidden_layers"])
+    drafter.to(device).train()
+    info = train_drafter(target, drafter, data, device, seed, deadline, greedy, prompt_lens, knobs, goal)
+    drafter.eval()
+    info["simulated_accept_length"] = linear_acceptance(target, drafter, greedy, prompt_lens)
+    return drafter, info
 
 
 def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, knobs: Knobs = Knobs()) -> dict:
@@ -209,7 +247,7 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, kn
     tinymodel.init_weights(target, seed)
     tinymodel.out_proj_scale(target, tinymodel.TARGET_CONFIG["num_hidden_layers"])
     target.to(device).train()
-    target_info = train_target(target, data, device, seed, t0 + time_budget * 0.55, prompts, knobs)
+    target_info = train_target(target, data, device, seed, t0 + time_budget * 0.5, prompts, knobs)
     target.eval().requires_grad_(False)
     greedy, gaps = greedy_continuations(target, prompts, knobs.eval_new_tokens, device)
     gaps_sorted = sorted(gaps)
@@ -219,25 +257,33 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, kn
     )
     log(f"target done: {target_info}")
 
-    drafter = tinymodel.TinyDFlashDrafter()
-    tinymodel.init_weights(drafter, seed + 1)
-    tinymodel.out_proj_scale(drafter, tinymodel.DRAFT_CONFIG["num_hidden_layers"])
-    drafter.to(device).train()
     prompt_lens = [len(p) for p in prompts]
-    draft_info = train_drafter(target, drafter, data, device, seed, t0 + time_budget, greedy, prompt_lens, knobs)
-    drafter.eval()
-    draft_info["simulated_accept_length"] = simulated_acceptance(target, drafter, greedy, prompt_lens)
+    common = (target, data, device)
+    drafter, draft_info = trained_drafter(tinymodel.DRAFT_CONFIG, seed + 1, *common, t0 + time_budget * 0.85,
+                                          greedy, prompt_lens, knobs)
     draft_info["seconds"] = round(time.time() - t0, 1)
     log(f"drafter done: {draft_info}")
+    weak, weak_info = trained_drafter(tinymodel.WEAK_DRAFT_CONFIG, seed + 2, *common, t0 + time_budget,
+                                      greedy, prompt_lens, knobs, goal=WEAK_GOAL)
+    weak_info.update(goal=WEAK_GOAL, seconds=round(time.time() - t0, 1))
+    log(f"imperfect drafter done: {weak_info}")
+    # As long as the proving ground's requests, so the table compares with what the servers report.
+    served, _ = greedy_continuations(target, prompts, knobs.report_new_tokens, device)
+    acceptance = {name: drafter_report(target, d, served, prompt_lens) for name, d in (("real", drafter), ("weak", weak))}
 
     tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
     tinymodel.save_checkpoint(drafter, tinymodel.DRAFT_CONFIG, out / "drafter")
-    for sub in ("target", "drafter"):
+    tinymodel.save_checkpoint(weak, tinymodel.WEAK_DRAFT_CONFIG, out / "drafter-weak")
+    for sub in ("target", "drafter", "drafter-weak"):
         tokenizer.save_tokenizer(tok, out / sub, tinymodel.MAX_POSITIONS)
     (out / "prompts.json").write_text(json.dumps(
         {"seed": seed, "prompts": [{"text": t, "input_ids": ids} for t, ids in zip(prompt_texts, prompts)]},
         indent=1) + "\n")
-    report = {"seed": seed, "target": target_info, "drafter": draft_info,
+    (out / "acceptance.json").write_text(json.dumps(
+        {"note": "exact greedy acceptance (committed tokens per step) along the target's continuations of the "
+                 f"prompts ({knobs.report_new_tokens} tokens each); rank_histogram: rank of the true token per draft depth",
+         **acceptance}, indent=1) + "\n")
+    report = {"seed": seed, "target": target_info, "drafter": draft_info, "drafter_weak": weak_info,
               "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else str(device)}
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -116,12 +116,23 @@ def test_drafter_training_batch_shapes_and_mask():
     assert labels.shape == (2, 3, tinymodel.BLOCK_SIZE - 1)
 
 
-def test_smoke_training_writes_the_pair(tmp_path):
+def test_smoke_training_writes_both_pairs_and_their_acceptance(tmp_path):
     train.make_pair(tmp_path, 0, time_budget=1.0, device=torch.device("cpu"), knobs=train.SMOKE)
-    for sub in ("target", "drafter"):
+    for sub in ("target", "drafter", "drafter-weak"):
         for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             assert (tmp_path / sub / name).is_file()
+    weak = json.loads((tmp_path / "drafter-weak" / "config.json").read_text())
+    assert weak["num_hidden_layers"] == 1 and weak["dflash_config"] == tinymodel.DRAFT_CONFIG["dflash_config"]
     prompts = json.loads((tmp_path / "prompts.json").read_text())["prompts"]
     assert len(prompts) == 8 and all(p["input_ids"] for p in prompts)
     report = json.loads((tmp_path / "train_report.json").read_text())
     assert {"median_gap", "p10_gap", "min_gap"} <= set(report["target"])
+    assert report["drafter_weak"]["goal"] == train.WEAK_GOAL
+    table = json.loads((tmp_path / "acceptance.json").read_text())
+    for kind in ("real", "weak"):
+        acceptance = table[kind]["acceptance"]
+        assert set(acceptance) == {shape.name for shape in train.TREE_SHAPES}
+        assert all(1.0 <= a <= tinymodel.BLOCK_SIZE for a in acceptance.values())
+        # the spine keeps the chain inside the tree: never fewer tokens than linear DFlash
+        assert acceptance["b64k8-spine"] >= acceptance["b7k1"] - 1e-9
+        assert set(table[kind]["rank_histogram"]) == {str(d) for d in range(1, tinymodel.BLOCK_SIZE)}

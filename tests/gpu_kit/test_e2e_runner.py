@@ -1,5 +1,6 @@
 """The GPU runner's mechanics against a fake sglang (fake_sglang/): launches, readiness, the AR
-reference and oracle file, the second start wave for -oracle servers, verdicts and the report."""
+reference and oracle file, the second start wave for -oracle servers, verdicts and the report,
+speed runs, and servers kept for (and reused by) a later run."""
 
 import json
 import os
@@ -52,14 +53,14 @@ def setup(tmp_path):
     return tmp_path, models, matrix
 
 
-def run_e2e(tmp_path, models, matrix, env_extra, *extra):
+def run_e2e(tmp_path, models, matrix, env_extra, *extra, run="t"):
     env = dict(os.environ, PYTHONPATH=str(REPO), **env_extra)
-    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
+    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", run,
            "--site", str(FAKE), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--jit-dir", str(tmp_path / "jit"), "--python", sys.executable,
            "--base-port", str(free_base_port(4)), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    report = json.loads((tmp_path / "out" / "e2e-runt.json").read_text())
+    report = json.loads((tmp_path / "out" / f"e2e-run{run}.json").read_text())
     return done, report
 
 
@@ -123,3 +124,70 @@ def test_log_parsing(tmp_path):
                    "RuntimeError: CUDA error: an illegal memory access was encountered\n")
     assert e2e.capture_seconds(log) == 50.8
     assert e2e.fatal_lines(log) == ["RuntimeError: CUDA error: an illegal memory access was encountered"]
+
+
+def speed_matrix(tmp_path, matrix):
+    spec = json.loads(matrix.read_text())
+    spec["speed_runs"] = ["s"]
+    spec["speed"] = {"repeats": 3, "min_seconds": 0.3,
+                     "cells": {"greedy-c1": {"temperature": 0.0, "concurrency": 1},
+                               "greedy-c4": {"temperature": 0.0, "concurrency": 4},
+                               "sample-c4": {"temperature": 0.7, "top_p": 0.95, "concurrency": 4}}}
+    spec["first_wave"] = ["ar"]
+    spec["runs"]["s"] = ["ar", "dflash", "ddtree-b8-k4-weak"]
+    spec["runs"]["keeper"] = ["ar", "dflash"]
+    path = tmp_path / "speed-matrix.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_output(setup):
+    tmp_path, models, matrix = setup
+    env = {"FAKE_DELAY_S": "0.01", "FAKE_DIVERGE_AT": "5", "FAKE_TIE_GAP": "0.01"}
+    done, report = run_e2e(tmp_path, models, speed_matrix(tmp_path, matrix), env, "--patched-site", str(FAKE),
+                           run="s")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert report["overall"] == "PASS"
+    cells = {(c["server"], c["cell"]): c for c in report["speed"]}
+    assert len(cells) == 9
+    for (server, cell), c in cells.items():
+        assert c["repeats"] == 3 and c["errors"] == 0
+        assert all(s >= 0.3 for s in c["repeat_seconds"]), c
+        assert c["min_tok_s"] <= c["median_tok_s"] <= c["max_tok_s"]
+        assert c["requests_per_repeat"] % (1 if cell == "greedy-c1" else 4) == 0
+        if cell.startswith("greedy"):
+            expected = "exact" if server == "ar" else "lossless (ties only)"
+            assert c["verdict"] == expected and (server == "ar" or c["divergences"][0]["position"] == 5)
+        else:
+            assert c["verdict"] == "completed"
+    assert cells[("dflash", "greedy-c1")]["accept_length"] == pytest.approx(32 / 10)
+    assert cells[("ar", "greedy-c1")]["accept_length"] is None
+    table = (tmp_path / "out" / "speed-runs.md").read_text()
+    assert "| ddtree-b8-k4-weak |" in table and "xdflash" in table
+    weak_log = (tmp_path / "work" / "logs" / "ddtree-b8-k4-weak.log").read_text()
+    assert "/m/drafter-weak" not in weak_log and "drafter-weak" in weak_log and "--sleep-on-idle" in weak_log
+
+
+def test_servers_kept_for_a_later_run_are_reused_when_code_and_models_match(setup):
+    tmp_path, models, matrix = setup
+    speed = speed_matrix(tmp_path, matrix)
+    done, first = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(FAKE), "--keep-for", "keeper", run="keeper")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    status = {s["name"]: s for s in first["servers"]}
+    assert status["ar"]["status"] == status["dflash"]["status"] == "kept running"
+    try:
+        done, again = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(FAKE), run="keeper")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        for s in again["servers"]:
+            assert s["reused"] and s["port"] == status[s["name"]]["port"], s
+            assert s["status"] == "stopped"
+        # stopped now, so a third run starts its own
+        done, third = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(FAKE), run="keeper")
+        assert not any(s["reused"] for s in third["servers"])
+    finally:
+        state = json.loads((tmp_path / "work" / "servers.json").read_text())
+        for kept in state["servers"].values():
+            try:
+                os.killpg(kept["pid"], 9)
+            except ProcessLookupError:
+                pass

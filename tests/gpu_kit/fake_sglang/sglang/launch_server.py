@@ -54,6 +54,7 @@ def main():
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(float(os.environ.get("FAKE_DELAY_S", "0")))
             ids = body["input_ids"]
             n = body["sampling_params"]["max_new_tokens"]
             out = [token(ids, i) for i in range(n)]

@@ -1,0 +1,227 @@
+"""Side-by-side speed on the proving ground: repeats long enough to resolve a few percent.
+
+A speed table compares servers that all run on one GPU during one device call.
+Per cell (concurrency, temperature) every server first runs one warm-up wave,
+which also measures its rate; each repeat then sends enough requests
+(whole waves of `concurrency`) to last at least `min_seconds` at that rate,
+with a margin. Repeats of one cell are interleaved across servers (repeat r
+runs every server once, the order rotated by r), so a drift of the machine
+during the cell shifts every server alike and the ratios stay fair. Each cell
+reports the median, min and max tok/s over its repeats and its acceptance;
+every greedy output is also checked against the AR reference (lossless).
+
+Only one workload is on the GPU at a time: the runner calls measure() once
+everything else is done.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from k26_ddtree.gpu import lossless
+
+MARGIN = 1.15
+
+
+@dataclass(frozen=True)
+class SpeedSpec:
+    """What one speed run measures (tests/gpu/matrix.json "speed")."""
+
+    cells: dict  # name -> {"concurrency": C, "temperature": T[, "top_p": P]}
+    repeats: int
+    min_seconds: float
+    new_tokens: int
+    eps: float
+
+    @classmethod
+    def from_matrix(cls, spec: dict) -> SpeedSpec:
+        speed = spec["speed"]
+        return cls(speed["cells"], int(speed["repeats"]), float(speed["min_seconds"]), int(spec["new_tokens"]),
+                   float(spec["eps"]))
+
+
+@dataclass
+class Repeat:
+    tokens: int
+    wall_s: float
+    requests: int
+    verify_steps: int
+    errors: int
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class CellResult:
+    server: str
+    cell: str
+    repeats: list[Repeat] = field(default_factory=list)
+    divergences: list[dict] = field(default_factory=list)
+    checked: bool = False  # greedy outputs compared with the AR reference
+    note: str = ""
+
+    def summary(self, speculative: bool) -> dict:
+        rates = [r.tok_per_s for r in self.repeats if not r.errors]
+        tokens = sum(r.tokens for r in self.repeats)
+        steps = sum(r.verify_steps for r in self.repeats)
+        divs = [lossless.Divergence(**d) for d in self.divergences]
+        errors = sum(r.errors for r in self.repeats)
+        return {
+            "server": self.server, "cell": self.cell, "repeats": len(self.repeats),
+            "median_tok_s": round(statistics.median(rates), 1) if rates else None,
+            "min_tok_s": round(min(rates), 1) if rates else None,
+            "max_tok_s": round(max(rates), 1) if rates else None,
+            "repeat_seconds": [round(r.wall_s, 2) for r in self.repeats],
+            "requests_per_repeat": self.repeats[-1].requests if self.repeats else 0,
+            "accept_length": round(tokens / steps, 3) if speculative and steps else None,
+            "errors": errors,
+            "verdict": ("FAIL" if errors else lossless.verdict(divs)) if self.checked else ("FAIL" if errors else "completed"),
+            "divergences": self.divergences[:20],
+            "note": self.note,
+        }
+
+
+Send = Callable[[str, list[int], dict], dict]
+
+
+def _params(cell: dict, new_tokens: int) -> dict:
+    params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": float(cell["temperature"])}
+    if "top_p" in cell:
+        params["top_p"] = float(cell["top_p"])
+    return params
+
+
+def run_wave(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int, requests: int):
+    """`requests` requests, `concurrency` at a time, prompts cycled: (Repeat, [(prompt index, reply)])."""
+    jobs = [i % len(prompts) for i in range(requests)]
+
+    def one(index: int):
+        try:
+            return index, send(url, prompts[index], params)
+        except (OSError, ValueError) as err:
+            return index, {"error": f"{type(err).__name__}: {err}"}
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        replies = list(pool.map(one, jobs))
+    wall = time.perf_counter() - start
+    ok = [r for _, r in replies if "error" not in r]
+    tokens = sum(len(r.get("output_ids") or []) for r in ok)
+    steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
+    return Repeat(tokens, wall, requests, steps, len(replies) - len(ok)), replies
+
+
+def requests_for(rate_tok_s: float, concurrency: int, new_tokens: int, min_seconds: float) -> int:
+    """Whole waves that last min_seconds * MARGIN at the measured rate."""
+    if rate_tok_s <= 0:
+        return concurrency
+    waves = math.ceil(rate_tok_s * min_seconds * MARGIN / (new_tokens * concurrency))
+    return max(1, waves) * concurrency
+
+
+def measure(servers: list, spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,
+            deadline: float, say: Callable[[str], None]) -> list[dict]:
+    """The summaries (CellResult.summary) of every cell of `spec` on every server (objects with
+    .spec.name, .spec.speculative, .url), interleaved; repeats the deadline leaves no time
+    for are missing, and the cell says so."""
+    results = []
+    for cell_name, cell in spec.cells.items():
+        concurrency = int(cell["concurrency"])
+        params = _params(cell, spec.new_tokens)
+        greedy = float(cell["temperature"]) == 0.0
+        cells = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
+                 for s in servers}
+        plan, rate = {}, {}
+        for server in servers:
+            warm, _ = run_wave(send, server.url, prompts, params, concurrency, max(concurrency, 2))
+            rate[server.spec.name] = warm.tok_per_s
+            plan[server.spec.name] = requests_for(warm.tok_per_s, concurrency, spec.new_tokens, spec.min_seconds)
+        for r in range(spec.repeats):
+            order = servers[r % len(servers):] + servers[: r % len(servers)]
+            for server in order:
+                name = server.spec.name
+                result = cells[name]
+                if time.time() + plan[name] * spec.new_tokens / max(1.0, rate[name]) > deadline:
+                    result.note = f"cut at the run deadline after {len(result.repeats)} repeats"
+                    continue
+                for _ in range(3):
+                    repeat, replies = run_wave(send, server.url, prompts, params, concurrency, plan[name])
+                    if repeat.errors:
+                        break
+                    rate[name] = repeat.tok_per_s
+                    if repeat.wall_s >= spec.min_seconds:
+                        break
+                    # Faster than the warm-up said: too short to count, so run it again, longer.
+                    plan[name] = requests_for(repeat.tok_per_s, concurrency, spec.new_tokens, spec.min_seconds)
+                result.repeats.append(repeat)
+                if result.checked:
+                    result.divergences += _divergences(replies, reference, spec.eps)
+        speculative = {s.spec.name: s.spec.speculative for s in servers}
+        for result in cells.values():
+            s = result.summary(speculative[result.server])
+            say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "
+                f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} x {s['requests_per_repeat']} requests) "
+                f"accept {s['accept_length']} {s['verdict']}")
+            results.append(s)
+    return results
+
+
+def _divergences(replies, reference: dict, eps: float) -> list[dict]:
+    divs = []
+    for index, reply in replies:
+        if "error" in reply:
+            continue
+        ref = reference[index]
+        d = lossless.check_request(index, ref["output_ids"], ref["top2"], reply.get("output_ids") or [], eps)
+        if d is not None:
+            divs.append(d.as_dict())
+    return divs
+
+
+def ratio_table(summaries: list[dict], baseline: str) -> dict:
+    """{cell: {server: median / baseline median}} for the side-by-side ratios."""
+    by_cell: dict[str, dict[str, float]] = {}
+    for s in summaries:
+        by_cell.setdefault(s["cell"], {})[s["server"]] = s["median_tok_s"]
+    ratios = {}
+    for cell, medians in by_cell.items():
+        base = medians.get(baseline)
+        ratios[cell] = {name: (round(m / base, 3) if base and m else None) for name, m in medians.items()}
+    return ratios
+
+
+def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, device: str) -> str:
+    ratios = ratio_table(summaries, baseline)
+    cells = list(spec.cells)
+    servers = list(dict.fromkeys(s["server"] for s in summaries))
+    by = {(s["server"], s["cell"]): s for s in summaries}
+    lines = [f"# Speed, run {run}", "",
+             f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), 8 prompts cycled; each cell the median "
+             f"of {spec.repeats} repeats of >= {spec.min_seconds} s, interleaved across servers inside one server "
+             f"start; ratios are medians over {baseline}'s median.", "",
+             "| server | " + " | ".join(f"{c} tok/s (min-max) | x{baseline} | accept" for c in cells) + " | lossless |",
+             "|---|" + "---|---|---|" * len(cells) + "---|"]
+    for name in servers:
+        row = [name]
+        verdicts = set()
+        for cell in cells:
+            s = by.get((name, cell))
+            if s is None or s["median_tok_s"] is None:
+                row += ["-", "-", "-"]
+                continue
+            row.append(f"{s['median_tok_s']:.0f} ({s['min_tok_s']:.0f}-{s['max_tok_s']:.0f})")
+            r = ratios[cell].get(name)
+            row.append("" if r is None else f"{r:.2f}")
+            row.append("" if s["accept_length"] is None else f"{s['accept_length']:.2f}")
+            verdicts.add(s["verdict"])
+        row.append(", ".join(sorted(verdicts)))
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    return "\n".join(lines)
