@@ -31,7 +31,8 @@ def register(sub) -> None:
         "render",
         help="print the systemd unit for a profile",
         description="Render the k26-ddtree unit (or, with --router, the SGLang router unit) for a profile, "
-        "validate it with systemd-analyze verify, and print it.",
+        "validate it with systemd-analyze verify, and print it. Without systemd-analyze it is printed "
+        "unchecked and stderr says so. A bind beyond loopback needs api_key: true or open_without_api_key: true.",
     )
     _profile_args(p, required=True)
     p.add_argument("--router", action="store_true",
@@ -45,7 +46,8 @@ def register(sub) -> None:
         "install",
         help="write the unit to /etc/systemd/system and daemon-reload",
         description="Render, verify and write the unit atomically, then systemctl daemon-reload. "
-        "`systemctl start k26-ddtree` then returns only when the server is ready.",
+        "Needs a running systemd (checked before anything is written); a failed daemon-reload puts the "
+        "previous unit file back. `systemctl start k26-ddtree` then returns only when the server is ready.",
     )
     _profile_args(p, required=True)
     p.add_argument("--unit", default="k26-ddtree", help=UNIT_HELP)
@@ -80,7 +82,8 @@ def register(sub) -> None:
         "status",
         help="active config, MainPID, uptime, readiness, acceptance length",
         description="Show the installed profile, the unit state, MainPID and uptime, readiness of that very "
-        "process, and the last acceptance length from /server_info. Exit 0 when ready, 1 otherwise.",
+        "process, and the last acceptance length from /server_info. Exit 0 when ready, 1 otherwise, 2 "
+        "without systemd or an installed unit (--json then prints {unit, ready, error}).",
     )
     p.add_argument("--unit", default="k26-ddtree", help=UNIT_HELP)
     p.add_argument("--json", action="store_true", help="print as JSON")
@@ -160,9 +163,8 @@ def _detect(args) -> int:
 def _render(args) -> int:
     from k26_ddtree.deploy.profiles import load_profile
     from k26_ddtree.deploy.service import check_model_dirs
-    from k26_ddtree.deploy.units import ROUTER_UNIT, SERVICE_UNIT, render_router, render_service, require_clean
-
     from k26_ddtree.deploy.systemd import unit_file_name
+    from k26_ddtree.deploy.units import ROUTER_UNIT, SERVICE_UNIT, render_router, render_service, validate
 
     if args.unit is not None:
         unit_file_name(args.unit)
@@ -174,7 +176,9 @@ def _render(args) -> int:
         check_model_dirs(profile, args.allow_missing_model)
         unit = args.unit or SERVICE_UNIT
         text = render_service(profile, unit)
-    print(text if args.no_verify else require_clean(text, unit), end="")
+    if not args.no_verify:
+        validate(text, unit)
+    print(text, end="")
     return 0
 
 
@@ -224,7 +228,13 @@ def _status(args) -> int:
     from k26_ddtree.deploy.service import state_dir
     from k26_ddtree.deploy.status import collect, show
 
-    report = collect(args.unit, state_dir(args.state_dir))
+    try:
+        report = collect(args.unit, state_dir(args.state_dir))
+    except UserError as err:
+        if args.json:
+            # A script reading --json gets an answer in every case; the error line still goes to stderr.
+            print(json.dumps({"unit": args.unit, "ready": False, "error": str(err)}, indent=2))
+        raise
     print(show(report, args.json))
     return 0 if report["ready"] else 1
 

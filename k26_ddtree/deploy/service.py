@@ -19,8 +19,8 @@ from typing import Callable
 
 from k26_ddtree.deploy import readiness, systemd
 from k26_ddtree.deploy.envfile import api_key_for, check_env_file
-from k26_ddtree.deploy.profiles import Profile
-from k26_ddtree.deploy.units import PROFILE_MARK, local_url, profile_from_unit, render_service, require_clean
+from k26_ddtree.deploy.schema import Profile
+from k26_ddtree.deploy.units import PROFILE_MARK, local_url, profile_from_unit, render_service, validate
 from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 
@@ -52,7 +52,9 @@ def check_model_dirs(profile: Profile, allow_missing: bool) -> None:
     from k26_ddtree.fetch.modeldir import model_dir_problem
 
     for key in ("model", "drafter"):
-        problem = model_dir_problem(profile.data[key])
+        path = Path(getattr(profile, key))
+        problem = (f"{path} is a file, not a model directory" if path.exists() and not path.is_dir()
+                   else model_dir_problem(path))
         if problem:
             raise UserError(
                 f"profile {profile.name}: {key}: {problem} "
@@ -69,15 +71,20 @@ def installed_unit(unit: str) -> Path:
 
 def install(profile: Profile, unit: str, unit_dir: Path, root: Path | None, start: bool, enable: bool,
             states: Path, say: Say) -> int:
+    if root is None:
+        # Before anything else: a unit written where no systemd will ever load it is a half-done install.
+        systemd.require_systemd()
     check_env_file(profile, root)
-    text = require_clean(render_service(profile, unit), unit)
+    text = render_service(profile, unit)
+    validate(text, unit)
     target = (root / unit_dir.relative_to("/") if root else unit_dir) / systemd.unit_file_name(unit)
-    atomic.write_text(target, text)
-    say(f"wrote {target} ({profile.summary()})")
     if root:
+        atomic.write_text(target, text)
+        say(f"wrote {target} ({profile.summary()})")
         say("--root given: no daemon-reload; the unit takes effect when that root boots")
         return 0
-    systemd.systemctl("daemon-reload")
+    _put_unit(target, text)
+    say(f"wrote {target} ({profile.summary()})")
     running = systemd.main_pid(unit)
     if enable:
         systemd.systemctl("enable", systemd.unit_file_name(unit))
@@ -101,7 +108,8 @@ def reconfigure(new: Profile, unit: str, states: Path, dry_run: bool, say: Say) 
     unit_path = installed_unit(unit)
     current = unit_path.read_text(encoding="utf-8")
     check_env_file(new)
-    text = require_clean(render_service(new, unit), unit)
+    text = render_service(new, unit)
+    validate(text, unit)
     if dry_run:
         print(text, end="")
         diff = difflib.unified_diff(
@@ -123,8 +131,7 @@ def _switch(new: Profile, unit: str, unit_path: Path, current: str, text: str, l
     rollback_text = last_good.read_text(encoding="utf-8") if last_good.is_file() else current
 
     say(f"{unit}: switching to {new.summary()}")
-    atomic.write_text(unit_path, text)
-    systemd.systemctl("daemon-reload")
+    _put_unit(unit_path, text)
     try:
         outcome = restart_and_wait(unit, new, say)
     except UserError as err:  # e.g. a stop that outlived its bound: still roll back
@@ -136,14 +143,34 @@ def _switch(new: Profile, unit: str, unit_path: Path, current: str, text: str, l
 
     say(f"{unit}: {new.summary()} failed: {outcome.detail}; rolling back")
     good = profile_from_unit(rollback_text, str(last_good))
-    atomic.write_text(unit_path, rollback_text)
-    systemd.systemctl("daemon-reload")
+    _put_unit(unit_path, rollback_text)
     back = restart_and_wait(unit, good, say)
     state = f"ready again, pid {back.pid}" if back.ok else f"NOT ready either: {back.detail}"
     raise UserError(
         f"reconfigure to {new.summary()} failed ({outcome.detail}); rolled back to {good.summary()}: {state}",
         code=1,
     )
+
+
+def _put_unit(path: Path, text: str) -> None:
+    """Write the unit whole and daemon-reload; when the reload fails, the file is put back as it was first."""
+    try:
+        before = path.read_bytes()
+    except FileNotFoundError:
+        before = None
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+    atomic.write_text(path, text)
+    try:
+        systemd.systemctl("daemon-reload")
+    except UserError as err:
+        if before is None:
+            path.unlink(missing_ok=True)
+            undone = f"removed {path} again"
+        else:
+            atomic.write_bytes(path, before)
+            undone = f"put the previous {path} back"
+        raise UserError(f"{str(err).rstrip('.')}; {undone}") from None
 
 
 def _readable(unit_text: str) -> list[str]:
@@ -171,14 +198,14 @@ def restart_and_wait(unit: str, profile: Profile, say: Say, report_every: float 
     gets a fresh InvocationID, so a second one appearing while we wait means
     systemd restarted a start that failed.
     """
-    service = profile.data["service"]
+    service = profile.service
     name = systemd.unit_file_name(unit)
-    timeout = service["gpu_free_timeout_sec"] + service["ready_timeout_sec"] + _RESTART_SLACK_SEC
+    timeout = service.gpu_free_timeout_sec + service.ready_timeout_sec + _RESTART_SLACK_SEC
     url = local_url(profile)
     before = systemd.show(unit, "MainPID", "InvocationID")
     if before["MainPID"] not in ("", "0"):
-        say(f"stopping {unit} (pid {before['MainPID']}), at most {service['timeout_stop_sec']} s")
-    systemd.systemctl("stop", name, timeout=service["timeout_stop_sec"] + _RESTART_SLACK_SEC)
+        say(f"stopping {unit} (pid {before['MainPID']}), at most {service.timeout_stop_sec} s")
+    systemd.systemctl("stop", name, timeout=service.timeout_stop_sec + _RESTART_SLACK_SEC)
     # A start-limit hit or an earlier failure would make systemd refuse the start.
     systemd.systemctl("reset-failed", name, check=False)
     systemd.systemctl("start", "--no-block", name)
@@ -200,7 +227,7 @@ def restart_and_wait(unit: str, profile: Profile, say: Say, report_every: float 
             detail += f", {look.detail}"
             if look.ready and st["ActiveState"] == "active":
                 # Ranks >= 1 of a multi-node server answer health checks only; node 0 generates.
-                serves = profile.data["parallel"]["node_rank"] == 0
+                serves = profile.parallel.node_rank == 0
                 problem = readiness.smoke_generate(url, api_key_for(profile)) if serves else None
                 if problem:
                     return Outcome(False, pid, problem)

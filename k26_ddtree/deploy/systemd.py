@@ -10,6 +10,8 @@ from pathlib import Path
 from k26_ddtree.errors import UserError
 
 SYSTEMCTL_TIMEOUT_SEC = 120
+# systemd creates this at boot when it is PID 1; systemd's own sd_booted() looks for exactly this.
+BOOTED_MARK = Path("/run/systemd/system")
 # systemd's own rule for unit names; anything else (a '/', a space) would also name a path outside the unit dir.
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,248}")
 
@@ -20,10 +22,19 @@ def unit_file_name(unit: str) -> str:
     return unit if unit.endswith(".service") else f"{unit}.service"
 
 
-def systemctl(*args: str, check: bool = True, timeout: float = SYSTEMCTL_TIMEOUT_SEC) -> subprocess.CompletedProcess:
+def require_systemd() -> str:
+    """The systemctl to run, once systemd is known to manage this machine; else a UserError saying so."""
     tool = shutil.which("systemctl")
     if tool is None:
         raise UserError("systemctl not found: this command needs systemd (render and install --root work without it)")
+    if not BOOTED_MARK.is_dir():
+        raise UserError(f"systemd is not running on this machine (no {BOOTED_MARK}: PID 1 is not systemd, "
+                        "e.g. a container): this command needs it (render and install --root work without it)")
+    return tool
+
+
+def systemctl(*args: str, check: bool = True, timeout: float = SYSTEMCTL_TIMEOUT_SEC) -> subprocess.CompletedProcess:
+    tool = require_systemd()
     try:
         proc = subprocess.run([tool, *args], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

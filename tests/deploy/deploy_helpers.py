@@ -26,6 +26,27 @@ def k26(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.
     )
 
 
+def one_line_error(proc) -> str:
+    """The one stderr line of a CLI run that failed as a user mistake (exit 2, no traceback, no stdout)."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("k26-deploy: error: ")
+    assert proc.stdout == ""
+    return lines[0]
+
+
+def directives(text: str, key: str) -> list[str]:
+    return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith(f"{key}=")]
+
+
+def exec_start_words(text: str) -> list[str]:
+    start = text.index("ExecStart=")
+    block = text[start + len("ExecStart="):].split("\n# ", 1)[0].split("\nExecStartPost=", 1)[0]
+    return block.replace("\\\n", " ").split()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

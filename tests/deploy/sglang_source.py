@@ -1,8 +1,9 @@
-"""The pinned SGLang 0.5.11 argument parser, read from its real source without importing sglang.
+"""The pinned SGLang 0.5.11 argument parser, read from its real source without importing sglang;
+the pinned sglang-router, unpacked to run from.
 
-The wheel is downloaded at most once per test run into $K26_WHEEL_CACHE
+The wheels are downloaded at most once per test run into $K26_WHEEL_CACHE
 (tests/run.sh sets it; the one network access the suite allows), and files are
-read straight out of it with zipfile. Flags, switches and literal choices come
+read straight out of them with zipfile. Flags, switches and literal choices come
 from the AST of `add_argument(...)` calls.
 """
 
@@ -34,19 +35,34 @@ class Arg:
     choices: frozenset[str] | None  # None: no choices, or not a literal the AST can read
 
 
-def pinned_wheel() -> Path:
+def pinned_wheel(requirement: str = "sglang==0.5.11") -> Path:
+    """The wheel of `requirement` (NAME==VERSION), downloaded once into the cache."""
+    name, version = requirement.split("==")
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     cache = Path(os.environ.get("K26_WHEEL_CACHE") or REPO / ".cache" / "wheels")
     cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob("sglang-0.5.11-*.whl"))
+    found = sorted(cache.glob(pattern))
     if not found:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "sglang==0.5.11", "-d", str(cache)],
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", requirement, "-d", str(cache)],
             check=True, timeout=600,
         )
-        found = sorted(cache.glob("sglang-0.5.11-*.whl"))
+        found = sorted(cache.glob(pattern))
     if not found:
-        raise FileNotFoundError(f"pip download left no sglang-0.5.11 wheel in {cache}")
+        raise FileNotFoundError(f"pip download left no {pattern} in {cache}")
     return found[0]
+
+
+def unpacked_wheel(requirement: str) -> Path:
+    """A folder holding the wheel's files, for PYTHONPATH (a pure or abi3 wheel runs from there unchanged)."""
+    wheel = pinned_wheel(requirement)
+    folder = wheel.with_suffix("")
+    if not folder.is_dir():
+        staging = folder.with_name(folder.name + ".partial")
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(staging)
+        staging.rename(folder)
+    return folder
 
 
 def wheel_source(member: str) -> str:

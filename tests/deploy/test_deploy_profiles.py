@@ -6,37 +6,28 @@ import sys
 
 import pytest
 
-from deploy_helpers import k26
+from deploy_helpers import k26, one_line_error
 
 from k26_ddtree.core.budget import max_budget
 from k26_ddtree.deploy.profiles import load_profile, shipped_names, with_sets
+from k26_ddtree.deploy.schema import Speculative
 from k26_ddtree.errors import UserError
 
 RENDER = ("render", "--allow-missing-model", "--no-verify")
 
 
-def one_line_error(proc) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("k26-deploy: error: ")
-    assert proc.stdout == ""
-    return lines[0]
-
-
 def test_shipped_profiles_load_and_differ_where_the_hardware_does():
     assert shipped_names() == ["nvlink-tp8-nvls", "pcie-ep4-tp2", "pcie-ep8"]
     ep8, ep4, nvl = (load_profile(n) for n in ("pcie-ep8", "pcie-ep4-tp2", "nvlink-tp8-nvls"))
-    assert (ep8["parallel"]["ep_size"], ep8["parallel"]["moe_a2a_backend"]) == (8, "none")
-    assert (ep4["parallel"]["tp_size"], ep4["parallel"]["ep_size"]) == (8, 4)
-    assert nvl["parallel"]["enable_nccl_nvls"] and nvl["service"]["fabric_manager"]
-    assert not ep8["service"]["fabric_manager"]
+    assert (ep8.parallel.ep_size, ep8.parallel.moe_a2a_backend) == (8, "none")
+    assert (ep4.parallel.tp_size, ep4.parallel.ep_size) == (8, 4)
+    assert nvl.parallel.enable_nccl_nvls and nvl.service.fabric_manager
+    assert not ep8.service.fabric_manager
     for p in (ep8, ep4, nvl):
-        assert p["speculative"] == {"algorithm": "DDTREE", "block_size": 8, "draft_window_size": 2048,
-                                    "budget": 8, "topk": 4, "spine": False}
-        assert p["host"] == "127.0.0.1" and p["attention_backend"] == "triton"
-        assert p["python"] == sys.executable, "python: null means the python running k26-deploy"
+        assert p.speculative == Speculative(algorithm="DDTREE", block_size=8, draft_window_size=2048,
+                                            budget=8, topk=4, spine=False)
+        assert p.host == "127.0.0.1" and p.attention_backend == "triton"
+        assert p.python == sys.executable, "python: null means the python running k26-deploy"
 
 
 def test_user_yaml_extends_a_shipped_name_and_a_path(tmp_path):
@@ -46,10 +37,10 @@ def test_user_yaml_extends_a_shipped_name_and_a_path(tmp_path):
     derived.write_text("extends: ./mine.yaml\nspeculative:\n  topk: 2\nenvironment:\n  B: '2'\n")
     p = load_profile(str(derived))
     assert p.name == "derived"
-    assert p["port"] == 31000 and p["parallel"]["enable_nccl_nvls"]
-    assert p["speculative"]["budget"] == 16 and p["speculative"]["topk"] == 2
-    assert p["speculative"]["block_size"] == 8, "nested mappings merge key by key"
-    assert p["environment"] == {"A": "1", "B": "2"}
+    assert p.port == 31000 and p.parallel.enable_nccl_nvls
+    assert p.speculative.budget == 16 and p.speculative.topk == 2
+    assert p.speculative.block_size == 8, "nested mappings merge key by key"
+    assert p.environment == {"A": "1", "B": "2"}
     assert [s.rsplit("/", 1)[1] for s in p.sources] == ["base.yaml", "nvlink-tp8-nvls.yaml", "mine.yaml", "derived.yaml"]
 
 
@@ -57,17 +48,17 @@ def test_set_overrides_are_typed():
     p = load_profile("pcie-ep8", ["speculative.budget=16", "speculative.spine=true", "parallel.ep_size=null",
                                   "router.worker_urls=http://a:1,http://b:2", "environment.FOO=bar baz",
                                   "mem_fraction_static=0.8"])
-    assert p["speculative"]["budget"] == 16 and p["speculative"]["spine"] is True
-    assert p["parallel"]["ep_size"] is None
-    assert p["router"]["worker_urls"] == ["http://a:1", "http://b:2"]
-    assert p["environment"]["FOO"] == "bar baz" and p["mem_fraction_static"] == 0.8
-    assert with_sets(p, ["speculative.topk=2"])["speculative"]["topk"] == 2
+    assert p.speculative.budget == 16 and p.speculative.spine is True
+    assert p.parallel.ep_size is None
+    assert p.router.worker_urls == ("http://a:1", "http://b:2")
+    assert p.environment["FOO"] == "bar baz" and p.mem_fraction_static == 0.8
+    assert with_sets(p, ["speculative.topk=2"]).speculative.topk == 2
 
 
 def test_budget_range_follows_topk_and_block():
     assert max_budget(7, 4) == sum(4**d for d in range(1, 8)) == 21844
     assert max_budget(7, 1) == 7
-    assert load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=7"])["speculative"]["budget"] == 7
+    assert load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=7"]).speculative.budget == 7
     with pytest.raises(UserError, match=r"at most 7"):
         load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=8"])
     with pytest.raises(UserError, match=r"at most 6 "):
@@ -92,6 +83,9 @@ def test_budget_range_follows_topk_and_block():
         (["--profile", "pcie-ep8", "--set", "speculative.algorithm=EAGLE"], "must be one of DDTREE, DFLASH"),
         (["--profile", "pcie-ep8", "--set", "model=models/k2"], "model must be an absolute path"),
         (["--profile", "pcie-ep8", "--set", "port=70000"], "port must be 1..65535"),
+        (["--profile", "pcie-ep8", "--set", "host="], "host must be a non-empty string, got ''"),
+        (["--profile", "pcie-ep8", "--set", "router.host="], "router.host must be a non-empty string, got ''"),
+        (["--profile", "pcie-ep8", "--set", "served_model_name="], "served_model_name must be a non-empty string"),
     ],
 )
 def test_cli_mistakes_are_one_line_and_exit_2(args, expected):
@@ -112,6 +106,12 @@ def test_cli_mistakes_are_one_line_and_exit_2(args, expected):
         ("extends: base\nport: [1\n", "line "),
         ("- a\n- b\n", "must be a mapping of keys to values, got list"),
         ("extends: base\ndescription: \"two\\nlines\"\n", "must not contain control characters"),
+        ("extends: base\nport: 31000\nspeculative: {budget: 4}\nport: 32000\n",
+         "line 4: duplicate key 'port' (first at line 2)"),
+        ("extends: base\nspeculative:\n  budget: 4\n  topk: 2\n  budget: 16\n",
+         "line 5: duplicate key 'budget' (first at line 3)"),
+        ("extends: base\nhost: ''\n", "host must be a non-empty string, got ''"),
+        ("extends: base\ntool_call_parser: ''\n", "tool_call_parser must be a non-empty string or null"),
     ],
 )
 def test_yaml_mistakes_are_one_line_and_exit_2(tmp_path, yaml_text, expected):
@@ -120,6 +120,22 @@ def test_yaml_mistakes_are_one_line_and_exit_2(tmp_path, yaml_text, expected):
     message = one_line_error(k26(*RENDER, "--profile", str(path)))
     assert expected in message
     assert "loop" in message, "the message names the profile"
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        "extends: base\nparallel:\n" + "".join("  " * depth + f"k{depth}:\n" for depth in range(1, 1000)),
+        "extends: base\nextra_args: " + "[" * 1000 + "]" * 1000 + "\n",
+        "extends: base\nenvironment: " + "{a: " * 1000 + "b" + "}" * 1000 + "\n",
+    ],
+    ids=["block", "flow-list", "flow-map"],
+)
+def test_a_profile_nested_a_thousand_deep_is_one_line(tmp_path, nested):
+    path = tmp_path / "deep.yaml"
+    path.write_text(nested)
+    message = one_line_error(k26(*RENDER, "--profile", str(path)))
+    assert f"profile {path} line " in message and "nested deeper than 32 levels" in message
 
 
 def test_every_subcommand_reports_profile_mistakes_the_same_way(tmp_path):

@@ -8,24 +8,14 @@ import stat
 import jinja2
 import pytest
 
-from deploy_helpers import k26
+from deploy_helpers import directives, exec_start_words, k26, one_line_error
 
 from k26_ddtree.deploy.profiles import load_profile, shipped_names
-from k26_ddtree.deploy.units import _render, profile_from_unit, render_router, render_service, verify_unit
+from k26_ddtree.deploy.units import _render, profile_from_unit, render_router, render_service, validate
 from k26_ddtree.errors import UserError
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                    reason="systemd-analyze not installed (the systemd package)")
-
-
-def directives(text: str, key: str) -> list[str]:
-    return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith(f"{key}=")]
-
-
-def exec_start_words(text: str) -> list[str]:
-    start = text.index("ExecStart=")
-    block = text[start + len("ExecStart="):].split("\n# ", 1)[0].split("\nExecStartPost=", 1)[0]
-    return block.replace("\\\n", " ").split()
 
 
 @pytest.mark.parametrize("name", shipped_names())
@@ -38,13 +28,13 @@ def test_unit_directives(name):
     assert directives(text, "LimitMEMLOCK") == ["infinity"]
     assert directives(text, "LimitNOFILE") == ["1048576"]
     assert directives(text, "EnvironmentFile") == ["-/etc/k26-ddtree/k26-ddtree.env"]
-    assert int(directives(text, "TimeoutStartSec")[0]) > profile["service"]["ready_timeout_sec"]
+    assert int(directives(text, "TimeoutStartSec")[0]) > profile.service.ready_timeout_sec
     assert directives(text, "StartLimitBurst") == ["3"]
     words = exec_start_words(text)
-    assert words[:3] == [profile["python"], "-m", "sglang.launch_server"]
+    assert words[:3] == [profile.python, "-m", "sglang.launch_server"]
     assert "--speculative-ddtree-budget" in words and "--trust-remote-code" in words
     post = directives(text, "ExecStartPost")[0]
-    assert post.startswith(f"{profile['python']} -m k26_ddtree wait-ready --unit k26-ddtree ")
+    assert post.startswith(f"{profile.python} -m k26_ddtree wait-ready --unit k26-ddtree ")
     assert "--url http://127.0.0.1:30000" in post
     assert "wait-gpu-free --timeout 180" in directives(text, "ExecStartPre")[0]
     after = directives(text, "After")[0].split()
@@ -58,15 +48,15 @@ def test_unit_directives(name):
 @pytest.mark.parametrize("sets", [[], ["api_key=true", "environment.NOTE=50% of a \"quoted\" $value",
                                        "extra_args=--chunked-prefill-size,8192", "host=0.0.0.0"]])
 def test_systemd_analyze_verify_prints_nothing(name, sets):
-    text = render_service(load_profile(name, sets))
-    assert verify_unit(text, "k26-ddtree") is None
+    validate(render_service(load_profile(name, sets)), "k26-ddtree")
 
 
 @needs_analyze
 def test_router_unit_verifies_and_lists_the_replicas():
-    profile = load_profile("pcie-ep8", ["router.worker_urls=http://10.0.0.1:30000,http://10.0.0.2:30000"])
+    profile = load_profile("pcie-ep8", ["router.worker_urls=http://10.0.0.1:30000,http://10.0.0.2:30000",
+                                        "api_key=true"])
     text = render_router(profile)
-    assert verify_unit(text, "k26-ddtree-router") is None
+    validate(text, "k26-ddtree-router")
     words = exec_start_words(text)
     assert words[1:3] == ["-m", "sglang_router.launch_router"]
     i = words.index("--worker-urls")
@@ -82,7 +72,8 @@ def test_router_without_replicas_is_a_user_error():
 @needs_analyze
 def test_verify_reports_what_systemd_analyze_says():
     text = render_service(load_profile("pcie-ep8")).replace("KillMode=mixed", "KillMode=mixed\nKillMod=oops")
-    assert "Unknown key" in verify_unit(text, "k26-ddtree")
+    with pytest.raises(UserError, match="Unknown key"):
+        validate(text, "k26-ddtree")
 
 
 def test_templates_refuse_undefined_variables():
@@ -100,7 +91,7 @@ def test_special_characters_reach_the_process_intact():
 def test_the_unit_carries_its_profile():
     profile = load_profile("nvlink-tp8-nvls", ["speculative.budget=12"])
     back = profile_from_unit(render_service(profile), "k26-ddtree.service")
-    assert back.data == profile.data and back.name == "nvlink-tp8-nvls"
+    assert back == profile and back.name == "nvlink-tp8-nvls"
     with pytest.raises(UserError, match="not rendered by k26-deploy"):
         profile_from_unit("[Service]\nExecStart=/bin/true\n", "other.service")
 
@@ -144,3 +135,28 @@ def test_help_explains_every_deploy_subcommand():
     for name in ("detect", "render", "install", "reconfigure", "status", "wait-ready", "wait-gpu-free"):
         proc = k26(name, "--help")
         assert proc.returncode == 0 and "usage: k26-deploy " + name in proc.stdout
+
+
+@pytest.mark.parametrize("make", ["directory", "latin-1"])
+def test_install_refuses_an_env_file_it_cannot_read_as_text(tmp_path, make):
+    env = tmp_path / "etc/k26-ddtree/k26-ddtree.env"
+    env.parent.mkdir(parents=True)
+    if make == "directory":
+        env.mkdir(mode=0o700)
+        expected = f"env_file {env} is not a regular file"
+    else:
+        env.write_bytes("K26_API_KEY=sk-\xe9t\xe9\n".encode("latin-1"))
+        env.chmod(0o600)
+        expected = f"env_file {env} is not UTF-8 text"
+    proc = k26("install", "--profile", "pcie-ep8", "--root", str(tmp_path), "--allow-missing-model",
+               "--set", "api_key=true")
+    assert expected in one_line_error(proc)
+    assert not (tmp_path / "etc/systemd").exists(), "nothing written"
+
+
+def test_a_model_path_that_is_a_file_says_so(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 16)
+    message = one_line_error(k26("render", "--profile", "pcie-ep8", "--set", f"model={weights}"))
+    assert f"model: {weights} is a file, not a model directory" in message
+    assert "is missing" not in message

@@ -7,13 +7,18 @@ sglang import, no GPU.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from sglang_source import (
-    DDTREE_ARGS_MODULE, DDTREE_FLAGS, PATCHED_SERVER_ARGS, Arg, dict_keys, parser_args, wheel_source,
+    DDTREE_ARGS_MODULE, DDTREE_FLAGS, PATCHED_SERVER_ARGS, Arg, dict_keys, parser_args, unpacked_wheel, wheel_source,
 )
 
-from k26_ddtree.deploy.flags import server_flags
+from k26_ddtree.deploy.flags import API_KEY_REFERENCE, ROUTER_PACKAGE, router_flags, server_flags
 from k26_ddtree.deploy.profiles import load_profile, shipped_names
 
 pytestmark = pytest.mark.network
@@ -88,3 +93,29 @@ def test_the_issue_flags_are_emitted_with_their_values():
     assert "--cuda-graph-max-bs" in emitted and "--api-key" not in emitted
     nvlink = dict(server_flags(load_profile("nvlink-tp8-nvls")))
     assert "--enable-nccl-nvls" in nvlink and "--ep-size" not in nvlink
+
+
+# The router's own entry point turns the words into its RouterArgs; we print what it understood.
+PARSE_ROUTER = """
+import json, sys
+from sglang_router.launch_router import parse_router_args
+args = parse_router_args(sys.argv[1:])
+print(json.dumps({k: getattr(args, k) for k in ("worker_urls", "host", "port", "policy", "api_key")}))
+"""
+
+
+@pytest.mark.parametrize("sets", [["api_key=true"], ["open_without_api_key=true", "router.policy=round_robin"]],
+                         ids=["with-key", "opt-out"])
+def test_router_flags_parse_with_the_pinned_router(sets):
+    profile = load_profile("pcie-ep8", ["router.worker_urls=http://10.0.0.1:30000,http://10.0.0.2:30000", *sets])
+    words = []
+    for flag, value in router_flags(profile):
+        words += [flag, *(value if isinstance(value, list) else [value] if value is not None else [])]
+    site = unpacked_wheel(ROUTER_PACKAGE)
+    proc = subprocess.run([sys.executable, "-c", PARSE_ROUTER, *words], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed["worker_urls"] == ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    assert (parsed["host"], parsed["port"], parsed["policy"]) == ("0.0.0.0", 30080, profile.router.policy)
+    assert parsed["api_key"] == (API_KEY_REFERENCE if profile.api_key else None)
