@@ -111,8 +111,8 @@ if [ "$HAVE_GPU" != yes ] || [ "$HAVE_SYSTEMD" != yes ]; then
   echo "NEXT STEP, on the GPU box (8x RTX PRO 6000 or 8x B300, Ubuntu 24.04, systemd):"
   echo "  git clone $ORIGIN k26-ddtree && cd k26-ddtree"
   echo "  sudo bash env/setup_env.sh             # CUDA 13.0 toolkit, torch 2.11.0, sglang 0.5.11 in .venv"
-  echo "  .venv/bin/k26-deploy fetch-model --dest /models/Kimi-K2.6 --drafter <DFlash drafter repo> \\"
-  echo "      --drafter-dest /models/Kimi-K2.6-DFlash   # the weights (REPRODUCE.md step 4)"
+  echo "  .venv/bin/k26-deploy fetch-model --dest /models/Kimi-K2.6 \\"
+  echo "      --drafter SubSir/Kimi-K2.6-DFlash-tmp-long   # the weights; the drafter lands in /models/Kimi-K2.6-DFlash (REPRODUCE.md step 4)"
   echo "  sudo bash env/quickstart.sh --profile $PROFILE${SETS[*]:+ ${SETS[*]}}"
   echo "Full walk-through with expected output and times: REPRODUCE.md"
   exit 0

@@ -1,5 +1,6 @@
-"""The GPU runner's mechanics against a fake sglang (fake_sglang/): launches, readiness, the AR
-reference and oracle file, the second start wave for -oracle servers, verdicts and the report."""
+"""The GPU runner's mechanics against the stand-in sglang (tests/standin as the site): launches,
+readiness, the AR reference and oracle file, the second start wave for -oracle servers, verdicts
+and the report."""
 
 import json
 import os
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-FAKE = HERE / "fake_sglang"
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = REPO / "tests" / "standin"
+# Load at once, ready half a second later; acceptance 3.2 is 10 verify steps for 32 new tokens.
+STANDIN_ENV = {"STANDIN_LOAD_SECONDS": "0", "STANDIN_WARMUP_SECONDS": "0.5", "STANDIN_ACCEPT": "3.2"}
 
 
 def free_base_port(count: int) -> int:
@@ -53,9 +55,9 @@ def setup(tmp_path):
 
 
 def run_e2e(tmp_path, models, matrix, env_extra, *extra):
-    env = dict(os.environ, PYTHONPATH=str(REPO), **env_extra)
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{**STANDIN_ENV, **env_extra})
     cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
-           "--site", str(FAKE), "--models", str(models), "--out", str(tmp_path / "out"),
+           "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--jit-dir", str(tmp_path / "jit"), "--python", sys.executable,
            "--base-port", str(free_base_port(4)), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
@@ -65,8 +67,8 @@ def run_e2e(tmp_path, models, matrix, env_extra, *extra):
 
 def test_ties_only_pass_and_oracle_servers_start_after_the_reference(setup):
     tmp_path, models, matrix = setup
-    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_DIVERGE_AT": "5", "FAKE_TIE_GAP": "0.01"},
-                           "--patched-site", str(FAKE))
+    done, report = run_e2e(tmp_path, models, matrix, {"STANDIN_DIVERGE_AT": "5", "STANDIN_TIE_GAP": "0.01"},
+                           "--patched-site", str(STANDIN))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert report["overall"] == "PASS"
     by_name = {s["name"]: s for s in report["servers"]}
@@ -86,7 +88,7 @@ def test_ties_only_pass_and_oracle_servers_start_after_the_reference(setup):
 
 def test_a_divergence_where_the_reference_is_decisive_fails(setup):
     tmp_path, models, matrix = setup
-    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_DIVERGE_AT": "9"}, "--patched-site", str(FAKE))
+    done, report = run_e2e(tmp_path, models, matrix, {"STANDIN_DIVERGE_AT": "9"}, "--patched-site", str(STANDIN))
     assert done.returncode == 1
     assert report["overall"].startswith("FAIL")
     div = report["servers"][1]["cells"][0]["divergences"][0]
@@ -104,7 +106,7 @@ def test_ddtree_servers_are_skipped_when_the_patch_set_cannot_apply(setup):
 
 def test_the_report_is_written_by_the_deadline_when_servers_never_become_ready(setup):
     tmp_path, models, matrix = setup
-    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_READY_SECONDS": "1000"}, "--patched-site", str(FAKE),
+    done, report = run_e2e(tmp_path, models, matrix, {"STANDIN_FAIL": "health"}, "--patched-site", str(STANDIN),
                            "--deadline-s", "25")
     assert done.returncode == 1
     assert report["wall_s"] < 90
