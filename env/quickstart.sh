@@ -61,7 +61,7 @@ if [ "$HAVE_GPU" = yes ] && [ "$HAVE_SYSTEMD" = yes ]; then
   echo "  5. Install the unit and start the service      k26-deploy install; systemctl start k26-ddtree"
   echo "  6. Show the service status                     k26-deploy status"
 else
-  echo "  5. Stop after validation (install and start need GPUs and systemd); print the next step"
+  echo "  5. Stop before install (install and start need GPUs and systemd); print the next step"
 fi
 
 step "Set up the venv and the pinned stack"
@@ -97,22 +97,27 @@ UNIT_FILE="$WORK/k26-ddtree.$(basename "$PROFILE" .yaml).service"
 "$K26" render --profile "$PROFILE" --allow-missing-model "${SETS[@]}" > "$UNIT_FILE.tmp" \
   || { rm -f "$UNIT_FILE.tmp"; fail "k26-deploy render failed (message above)"; }
 mv "$UNIT_FILE.tmp" "$UNIT_FILE" || fail "cannot write $UNIT_FILE"
-echo "unit rendered and validated: $UNIT_FILE"
+# render checks the unit with systemd-analyze when it can, and says on stderr when it could not.
+if command -v systemd-analyze >/dev/null 2>&1; then
+  echo "unit rendered and validated (systemd-analyze verify): $UNIT_FILE"
+else
+  echo "unit rendered, not validated (systemd-analyze not found): $UNIT_FILE"
+fi
 
 if [ "$HAVE_GPU" != yes ] || [ "$HAVE_SYSTEMD" != yes ]; then
-  step "Stop after validation and print the next step"
+  step "Stop before install and print the next step"
   ORIGIN=$(git -C "$ROOT" remote get-url origin 2>/dev/null || echo "<this repository>")
   if [ "$HAVE_GPU" != yes ]; then
-    echo "Stopped after validation: no NVIDIA GPU here (nvidia-smi lists none), so nothing was installed or started."
+    echo "Stopped after rendering: no NVIDIA GPU here (nvidia-smi lists none), so nothing was installed or started."
   else
-    echo "Stopped after validation: systemd is not PID 1 here (a container?), so the unit cannot be installed."
+    echo "Stopped after rendering: systemd is not PID 1 here (a container?), so the unit cannot be installed."
   fi
   echo
   echo "NEXT STEP, on the GPU box (8x RTX PRO 6000 or 8x B300, Ubuntu 24.04, systemd):"
   echo "  git clone $ORIGIN k26-ddtree && cd k26-ddtree"
   echo "  sudo bash env/setup_env.sh             # CUDA 13.0 toolkit, torch 2.11.0, sglang 0.5.11 in .venv"
-  echo "  .venv/bin/k26-deploy fetch-model --dest /models/Kimi-K2.6 --drafter <DFlash drafter repo> \\"
-  echo "      --drafter-dest /models/Kimi-K2.6-DFlash   # the weights (REPRODUCE.md step 4)"
+  echo "  .venv/bin/k26-deploy fetch-model --dest /models/Kimi-K2.6 \\"
+  echo "      --drafter SubSir/Kimi-K2.6-DFlash-tmp-long   # the weights; the drafter lands in /models/Kimi-K2.6-DFlash (REPRODUCE.md step 4)"
   echo "  sudo bash env/quickstart.sh --profile $PROFILE${SETS[*]:+ ${SETS[*]}}"
   echo "Full walk-through with expected output and times: REPRODUCE.md"
   exit 0

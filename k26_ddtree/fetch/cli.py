@@ -22,21 +22,28 @@ verified files are skipped. Exit 1 when a file cannot be downloaded or fails ver
 
 def register(sub) -> None:
     """Add this family's subcommands to the k26-deploy parser."""
+    from k26_ddtree.fetch.hub import DEFAULT_DRAFTER_REPO, DEFAULT_MODEL_REPO
+
     fetch = sub.add_parser(
         "fetch-model", help="download the model (and drafter) with aria2c, verified by SHA-256",
-        description="Download a hub repository (Kimi K2.6, and optionally its DFlash drafter)\n"
-                    "with aria2c: many connections per file, several files at once, resumable,\n"
-                    "every file verified before it counts.",
+        description="Download Kimi K2.6 and its DFlash drafter (two hub repositories) with aria2c:\n"
+                    "many connections per file, several files at once, resumable, every file\n"
+                    "verified before it counts. The drafter goes to DEST-DFlash unless\n"
+                    "--drafter-dest says otherwise; --no-drafter fetches the model alone.",
         epilog=_FETCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    fetch.add_argument("--model", default="moonshotai/Kimi-K2.6", metavar="REPO",
+    fetch.add_argument("--model", default=DEFAULT_MODEL_REPO, metavar="REPO",
                        help="hub repository of the target model (default: %(default)s)")
     fetch.add_argument("--dest", required=True, type=Path, metavar="DIR",
                        help="model directory to fill (created if missing)")
     fetch.add_argument("--revision", default="main", metavar="REV",
                        help="branch, tag or commit of --model (default: %(default)s)")
-    fetch.add_argument("--drafter", metavar="REPO", help="hub repository of the DFlash drafter")
+    fetch.add_argument("--drafter", default=DEFAULT_DRAFTER_REPO, metavar="REPO",
+                       help="hub repository of the DFlash drafter (default: %(default)s)")
+    fetch.add_argument("--no-drafter", action="store_true",
+                       help="fetch --model alone, without a drafter")
     fetch.add_argument("--drafter-dest", type=Path, metavar="DIR",
-                       help="directory for the drafter (default: next to --dest, named after the repo)")
+                       help="directory for the drafter (default: DEST-DFlash beside --dest; the shipped "
+                            "profiles pair /models/Kimi-K2.6 with /models/Kimi-K2.6-DFlash)")
     fetch.add_argument("--drafter-revision", default="main", metavar="REV",
                        help="branch, tag or commit of --drafter (default: %(default)s)")
     fetch.add_argument("--connections", type=int, default=16, metavar="N",
@@ -83,13 +90,14 @@ def fetch_model(args) -> int:
         raise UserError("--parallel-files must be at least 1")
     _check_split_size(args.min_split_size)
     targets = [(check_repo_id(args.model), args.revision, args.dest)]
-    if args.drafter:
-        drafter_dest = args.drafter_dest or args.dest.parent / check_repo_id(args.drafter).split("/")[1]
+    if not args.no_drafter:
+        model_dest = args.dest.resolve()
+        drafter_dest = args.drafter_dest or model_dest.parent / f"{model_dest.name}-DFlash"
         if drafter_dest.resolve() == args.dest.resolve():
             raise UserError(f"the drafter would land in {args.dest} with the model: pass --drafter-dest")
-        targets.append((args.drafter, args.drafter_revision, drafter_dest))
+        targets.append((check_repo_id(args.drafter), args.drafter_revision, drafter_dest))
     elif args.drafter_dest:
-        raise UserError("--drafter-dest needs --drafter")
+        raise UserError("--drafter-dest and --no-drafter contradict each other: drop one")
     for _repo, _revision, dest in targets:
         if dest.exists() and not dest.is_dir():
             raise UserError(f"{dest} exists and is not a directory (--dest and --drafter-dest name directories)")

@@ -20,6 +20,8 @@ from k26_ddtree.errors import UserError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_MODEL_REPO = "moonshotai/Kimi-K2.6"
+# The K2.6 DFlash drafter the field deployments served (block 8, the shipped profiles' settings).
+DEFAULT_DRAFTER_REPO = "SubSir/Kimi-K2.6-DFlash-tmp-long"
 
 # Names this toolkit writes into a model directory; a repository file with one of them would collide.
 RESERVED_NAMES = ("SHA256SUMS", ".k26-model.json", ".partial")

@@ -12,21 +12,18 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from k26_ddtree import atomic
+from k26_ddtree import atomic, hashing
 from k26_ddtree.errors import UserError
-from k26_ddtree.fetch.hashing import file_digests
-from k26_ddtree.fetch.hub import DEFAULT_MODEL_REPO
+from k26_ddtree.fetch.hub import DEFAULT_DRAFTER_REPO, DEFAULT_MODEL_REPO
 from k26_ddtree.fetch.progress import Reporter, TotalMeter, as_they_finish, human_bytes
+from k26_ddtree.hashing import file_digests
 
 SUMS_NAME = "SHA256SUMS"
 STAMP_NAME = ".k26-model.json"
 STAMP_FORMAT = 1
-
-_SUMS_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
 
 
 def write_sums(model_dir: Path, entries: list[tuple[str, str]]) -> None:
@@ -36,27 +33,15 @@ def write_sums(model_dir: Path, entries: list[tuple[str, str]]) -> None:
 
 
 def read_sums(model_dir: Path) -> list[tuple[str, str]]:
+    """(sha256, relative path) of every file SHA256SUMS lists, in its order."""
     path = model_dir / SUMS_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        entries = hashing.read_sums(path)
     except FileNotFoundError:
         raise UserError(f"{path} does not exist: this directory has no recorded hashes") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not a `sha256sum` file (not UTF-8 text)") from None
-    except OSError as err:
-        raise UserError(f"cannot read {path}: {err.strerror}") from None
-    entries = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        match = _SUMS_LINE.fullmatch(line)
-        rel = match.group(2) if match else ""
-        if not match or rel.startswith("/") or ".." in rel.split("/"):
-            raise UserError(f"{path}:{number} is not a `sha256sum` line with a relative path")
-        entries.append((match.group(1).lower(), rel))
     if not entries:
         raise UserError(f"{path} lists no files")
-    return entries
+    return [(sha, rel) for rel, sha in entries.items()]
 
 
 def read_stamp(model_dir: Path) -> dict | None:
@@ -102,7 +87,7 @@ def model_dir_problem(path: str | os.PathLike, repo: str | None = None) -> str |
     model_dir = Path(path)
     stamp = read_stamp(model_dir) if model_dir.is_dir() else None
     fix_repo = repo or (stamp or {}).get("repo") or _guess_repo(model_dir)
-    fix = f"run `k26-deploy fetch-model --model {fix_repo} --dest {model_dir}`"
+    fix = f"run `k26-deploy fetch-model --model {fix_repo} --dest {model_dir} --no-drafter`"
     if not model_dir.is_dir():
         return f"model directory {model_dir} is missing: {fix}"
     if not (model_dir / SUMS_NAME).is_file():
@@ -132,14 +117,15 @@ def model_dir_problem(path: str | os.PathLike, repo: str | None = None) -> str |
 def _guess_repo(model_dir: Path) -> str:
     # Without a stamp the repository is unknown; a drafter folder must not be told to fetch K2.6.
     name = model_dir.name.lower()
-    return "<drafter hub repo>" if "dflash" in name or "draft" in name else DEFAULT_MODEL_REPO
+    return DEFAULT_DRAFTER_REPO if "dflash" in name or "draft" in name else DEFAULT_MODEL_REPO
 
 
 def verify_model(model_dir: Path, reporter: Reporter, workers: int = 4) -> None:
     """Hash every file listed in SHA256SUMS (offline), `workers` files at a time (one core
     hashes ~1-2 GB/s, below what an NVMe array reads). Raises UserError(code=1) naming the
-    files that are missing or differ. On success the stamp is (re)written, so a directory
-    received by other means is accepted by apply/render afterwards."""
+    files that are missing, differ, or are links that leave the directory. On success the
+    stamp is (re)written, so a directory received by other means is accepted by apply/render
+    afterwards."""
     if not model_dir.is_dir():
         problem = "is not a directory" if model_dir.exists() else "does not exist"
         raise UserError(f"model directory {model_dir} {problem}")
@@ -147,7 +133,11 @@ def verify_model(model_dir: Path, reporter: Reporter, workers: int = 4) -> None:
     expected = dict((rel, sha) for sha, rel in entries)
     present, bad = [], []
     for _sha, rel in entries:
-        if (model_dir / rel).is_file():
+        outside = hashing.link_leaving(model_dir, rel)
+        if outside is not None:
+            bad.append(rel)
+            reporter.line(f"  OUTSIDE  {rel}  (a link to {outside}, outside {model_dir}: copy the file in)")
+        elif (model_dir / rel).is_file():
             present.append(rel)
         else:
             bad.append(rel)

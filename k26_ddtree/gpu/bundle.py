@@ -29,7 +29,7 @@ from pathlib import Path
 
 from k26_ddtree import __version__
 from k26_ddtree.errors import UserError
-from k26_ddtree.hashing import sha256_file
+from k26_ddtree.hashing import parse_sums, sha256_file
 
 DEFAULT_CACHE = Path("/var/cache/k26/gpu/wheels")
 TOP = "k26-bundle"
@@ -220,9 +220,13 @@ def pip_download(cache: Path, pins: list[tuple[str, str]], python: str, platform
         raise UserError(f"pip download failed for {', '.join(n for n, _ in pins)}: {tail}", code=1)
 
 
-def fetch_wheels(bring, cache: Path, python: str) -> dict[str, Path]:
+def not_cached(bring, cache: Path) -> list[tuple[str, str]]:
+    return [(n, v) for n, v in bring if cached_wheel(cache, n, v) is None]
+
+
+def fetch_wheels(bring, missing, cache: Path, python: str) -> dict[str, Path]:
+    """Download `missing` (a part of `bring`) into the cache; returns every wheel of `bring`."""
     cache.mkdir(parents=True, exist_ok=True)
-    missing = [(n, v) for n, v in bring if cached_wheel(cache, n, v) is None]
     regular = [(n, v) for n, v in missing if n not in SOURCE_ONLY]
     if regular:
         pip_download(cache, regular, python, MANYLINUX + ("any",))
@@ -326,7 +330,13 @@ def build(python: str, sm: str, have: list[str], out_dir: Path, cache: Path, max
     sel = select(REQUIREMENTS, have)
     for name, version in sel.already_there:
         print(f"bundle: {name}=={version} is on the target already; not bundled")
-    wheels = fetch_wheels(sel.bring, cache, python)
+    out = out_dir.absolute() / f"k26-site-py{python}-sm{sm}.tar.xz"
+    missing = not_cached(sel.bring, cache)
+    # Said before anything starts: a bare `k26-deploy bundle` downloads for minutes into the cwd.
+    print(f"bundle: will write {out} (--out picks the folder) from {len(sel.bring)} packages; "
+          f"{len(missing)} of their wheels are not in {cache} and are downloaded first "
+          "(pip; about 2 minutes when none is cached)", flush=True)
+    wheels = fetch_wheels(sel.bring, missing, cache, python)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="k26-bundle-", dir=out_dir) as tmp:
         root = Path(tmp)
@@ -342,7 +352,6 @@ def build(python: str, sm: str, have: list[str], out_dir: Path, cache: Path, max
         manifest = manifest_lines(root)
         meta = {"k26_ddtree": __version__, "python": python, "sm": sm, "packages": packages,
                 "left_to_target": [f"{n}=={v}" for n, v in sel.already_there], "files": len(manifest)}
-        out = out_dir / f"k26-site-py{python}-sm{sm}.tar.xz"
         print(f"bundle: compressing {len(manifest)} files (xz, about a minute)", flush=True)
         write_archive(root, out, meta, manifest, python)
     size_mib = out.stat().st_size / 2**20
@@ -383,10 +392,10 @@ def install(archive: Path, target: Path) -> Path:
         root = stage / TOP
         if not (root / "SHA256SUMS").is_file():
             raise UserError(f"{archive}: no {TOP}/SHA256SUMS inside; nothing installed", code=1)
-        listed = {}
-        for line in (root / "SHA256SUMS").read_text().splitlines():
-            digest, rel = line.split("  ", 1)
-            listed[rel] = digest
+        try:
+            listed = parse_sums((root / "SHA256SUMS").read_text(errors="replace"), f"{archive}:{TOP}/SHA256SUMS")
+        except UserError as err:
+            raise UserError(f"{err}; nothing installed", code=1) from None
         present = {p.relative_to(root).as_posix() for p in (root / "site").rglob("*") if p.is_file()}
         if present != set(listed):
             extra = sorted(present - set(listed))[:3]

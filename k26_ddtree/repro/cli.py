@@ -28,11 +28,19 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _manifest(args: argparse.Namespace) -> int:
+def _root_and_manifest(args: argparse.Namespace, given: Path | None) -> tuple[Path, Path]:
+    """The checked --root, and the manifest path (`given`, or ROOT/MANIFEST.sha256)."""
     from k26_ddtree.repro import manifest
 
     root = (args.root or _default_root()).absolute()
-    out = (args.out or root / manifest.MANIFEST_NAME).absolute()
+    manifest.check_root(root)
+    return root, (given or root / manifest.MANIFEST_NAME).absolute()
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    from k26_ddtree.repro import manifest
+
+    root, out = _root_and_manifest(args, args.out)
     manifest.check_out(out)  # before --model-dir copies anything into the root
     for model_dir in args.model_dir:
         for rel in manifest.copy_model_metadata(root, model_dir):
@@ -45,16 +53,19 @@ def _manifest(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from k26_ddtree.repro import manifest
 
-    root = (args.root or _default_root()).absolute()
-    path = (args.manifest or root / manifest.MANIFEST_NAME).absolute()
+    root, path = _root_and_manifest(args, args.manifest)
     report = manifest.verify(root, path)
-    for kind, names in (("missing", report.missing), ("changed", report.changed), ("extra", report.extra)):
+    for kind, names in (("missing", report.missing), ("changed", report.changed), ("extra", report.extra),
+                        ("outside", report.outside)):
         for name in names:
             print(f"{kind}: {name}")
     if not report.clean:
-        raise UserError(
-            f"verify failed against {path}: {len(report.changed)} changed, {len(report.missing)} missing, "
-            f"{len(report.extra)} extra (extra = in a covered folder but not in the manifest)", code=1)
+        counts = f"{len(report.changed)} changed, {len(report.missing)} missing, {len(report.extra)} extra"
+        notes = "extra = in a covered folder but not in the manifest"
+        if report.outside:
+            counts += f", {len(report.outside)} outside"
+            notes += "; outside = a link that leaves the root"
+        raise UserError(f"verify failed against {path}: {counts} ({notes})", code=1)
     print(f"verify: OK, {report.checked} files match {path}")
     return 0
 
@@ -100,8 +111,9 @@ def register(sub) -> None:
     p = sub.add_parser(
         "verify", help="check MANIFEST.sha256: missing, changed and extra files (exit 1 on any)",
         description=(
-            "Compare the files under --root with MANIFEST.sha256. Prints 'missing:', 'changed:' and "
-            "'extra:' lines (extra = a file in a covered folder that the manifest does not list). "
+            "Compare the files under --root with MANIFEST.sha256. Prints 'missing:', 'changed:', "
+            "'extra:' and 'outside:' lines (extra = a file in a covered folder that the manifest does not "
+            "list; outside = a listed file that is a link leaving the root, never checked). "
             "Exit 0 when everything matches, 1 on any mismatch, 2 when the manifest is absent or malformed."))
     p.add_argument("--root", type=Path, default=None, help="repository root (default: this checkout or cwd)")
     p.add_argument("--manifest", type=Path, default=None, help="manifest path (default: ROOT/MANIFEST.sha256)")

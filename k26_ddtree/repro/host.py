@@ -5,11 +5,13 @@ Standard library only: `env/setup_env.sh` runs this before any venv exists.
 
 from __future__ import annotations
 
+import http.client
 import os
 import platform
 import re
 import shutil
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +93,15 @@ def machine_arch() -> str:
 def systemd_is_init() -> bool:
     """sd_booted()'s test: systemd is PID 1 exactly when /run/systemd/system exists."""
     return os.path.isdir("/run/systemd/system")
+
+
+def url_answers(url: str, timeout: float) -> bool:
+    """Whether GET `url` gets a 200 within `timeout` seconds (no retries: a quick yes or no)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (OSError, ValueError, http.client.HTTPException):  # URLError, HTTPError, timeouts: OSError
+        return False
 
 
 def hostname() -> str:

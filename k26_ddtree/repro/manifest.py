@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k26_ddtree import atomic
+from k26_ddtree import atomic, hashing
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_file
 
@@ -34,11 +34,19 @@ class Report:
     missing: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # links that leave the root
     checked: int = 0
 
     @property
     def clean(self) -> bool:
-        return not (self.missing or self.changed or self.extra)
+        return not (self.missing or self.changed or self.extra or self.outside)
+
+
+def check_root(root: Path) -> None:
+    """UserError unless `root` is an existing folder (checked before anything is read or written)."""
+    if not root.is_dir():
+        problem = "is not a directory" if root.exists() else "does not exist"
+        raise UserError(f"--root {root} {problem}")
 
 
 def _check_name(rel: str) -> None:
@@ -90,6 +98,10 @@ def render(root: Path, files: list[str], say=print) -> str:
     lines = []
     for number, rel in enumerate(files, 1):
         _check_name(rel)
+        outside = hashing.link_leaving(root, rel)
+        if outside is not None:
+            raise UserError(f"{rel} is a link to {outside}, outside {root}: put the file itself there, "
+                            "or remove the link")
         lines.append(f"{sha256_file(root / rel)}  {rel}\n")
         if number % 200 == 0:
             say(f"manifest: hashed {number}/{len(files)} files")
@@ -97,9 +109,8 @@ def render(root: Path, files: list[str], say=print) -> str:
 
 
 def write(root: Path, out: Path, say=print) -> int:
-    """Hash every covered file under root into `out` (atomically); returns the number of entries."""
-    if not root.is_dir():
-        raise UserError(f"--root {root} is not a directory")
+    """Hash every covered file under root (checked with check_root) into `out` (atomically);
+    returns the number of entries."""
     files = covered_files(root)
     out_rel = _relative_to(out, root)
     files = [rel for rel in files if rel != out_rel]
@@ -112,13 +123,15 @@ def write(root: Path, out: Path, say=print) -> int:
 
 
 def check_out(out: Path) -> None:
-    """UserError unless `out` can become the manifest file (its folder is created)."""
+    """UserError unless `out` can become the manifest file. Nothing is created here: its missing
+    folders appear only when the manifest is written, so a refused run leaves no trace."""
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; give the manifest's file path")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"cannot write {out}: {err.strerror} ({out.parent})") from None
+    nearest = next(folder for folder in out.parents if folder.exists())
+    if not nearest.is_dir():
+        raise UserError(f"cannot write {out}: {nearest} is not a directory")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {out}: permission denied ({nearest})")
 
 
 def _relative_to(path: Path, root: Path) -> str | None:
@@ -130,27 +143,10 @@ def _relative_to(path: Path, root: Path) -> str | None:
 
 def parse(manifest: Path) -> dict[str, str]:
     """Path -> hex digest from a sha256sum-format file; a malformed line is a clear error."""
-    if not manifest.is_file():
-        raise UserError(f"{manifest} not found; write it with `k26-deploy manifest`")
-    entries: dict[str, str] = {}
     try:
-        text = manifest.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{manifest} is not a sha256sum file (not UTF-8 text)") from None
-    except OSError as err:
-        raise UserError(f"cannot read {manifest}: {err.strerror}") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        digest, sep, rel = line.partition("  ")
-        if not sep:
-            digest, sep, rel = line.partition(" *")  # sha256sum's binary-mode marker
-        if not sep or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()) or not rel:
-            raise UserError(f"{manifest}:{number}: not a sha256sum line: {line[:80]!r}")
-        if rel.startswith("/") or ".." in rel.split("/"):
-            raise UserError(f"{manifest}:{number}: {rel!r} is not a path inside the root")
-        if rel in entries:
-            raise UserError(f"{manifest}:{number}: {rel} listed twice")
-        entries[rel] = digest.lower()
-    return entries
+        return hashing.read_sums(manifest)
+    except FileNotFoundError:
+        raise UserError(f"{manifest} not found; write it with `k26-deploy manifest`") from None
 
 
 def verify(root: Path, manifest: Path) -> Report:
@@ -158,7 +154,9 @@ def verify(root: Path, manifest: Path) -> Report:
     report = Report()
     for rel, digest in sorted(entries.items()):
         path = root / rel
-        if not path.is_file():
+        if hashing.link_leaving(root, rel) is not None:
+            report.outside.append(rel)
+        elif not path.is_file():
             report.missing.append(rel)
         elif sha256_file(path) != digest:
             report.changed.append(rel)

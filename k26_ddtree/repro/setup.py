@@ -11,7 +11,8 @@ symlinking headers between toolkits), the venv python's dev headers (Triton
 JIT-compiles a C launcher against Python.h), aria2 (model download), then a
 venv with torch 2.11.0 (CUDA 13.0 build) + sglang 0.5.11 + this package.
 No GPU: sglang 0.5.11 without its dependencies (its sources are what the patch
-set edits; its CUDA stack cannot run here) + this package over a CPU torch.
+set edits; its CUDA stack cannot run here) + this package over a CPU torch, from
+PyTorch's CPU index when it answers, else torch 2.13.0 from pip's own sources.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ CUDA_APT_PACKAGE = "cuda-toolkit-13-0"
 DEFAULT_CUDA_HOME = "/usr/local/cuda-13.0"
 MIN_DRIVER_MAJOR = 580  # CUDA 13.0's minimum Linux driver branch
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+# Without that index: the release the CI machines carry as a local CPU wheel (tests/run.sh takes it too).
+CPU_TORCH_FALLBACK = "2.13.0"
+INDEX_TIMEOUT_S = 10
 CUDA_KEYRING = "cuda-keyring_1.1-1_all.deb"
 SUPPORTED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))  # sglang 0.5.11 publishes cp310..cp313
 # Distributions NVIDIA publishes a CUDA apt repository for, as its URL spells them.
@@ -87,6 +91,7 @@ class Step:
     title: str
     commands: tuple[tuple[str, ...], ...] = ()
     satisfied: str | None = None
+    note: str | None = None  # why the commands are what they are, when that is not obvious
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,8 @@ class Facts:
     is_root: bool = False
     has_sudo: bool = False
     downloader: str | None = "curl"
+    cpu_torch_index: str = CPU_TORCH_INDEX
+    cpu_torch_index_answers: bool = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,6 +155,11 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def wants_gpu(choice: str, gpus: tuple[str, ...]) -> bool:
+    """--gpu yes, or auto on a machine whose `nvidia-smi -L` lists a GPU."""
+    return choice == "yes" or (choice == "auto" and bool(gpus))
+
+
 def probe(args: argparse.Namespace, source_root: Path) -> Facts:
     venv = (args.venv or source_root / ".venv").absolute()
     if venv.exists() and not venv.is_dir():
@@ -159,6 +171,12 @@ def probe(args: argparse.Namespace, source_root: Path) -> Facts:
     cuda_home = args.cuda_home.absolute()
     osr = host.os_release()
     downloader = next((tool for tool in ("curl", "wget") if shutil.which(tool)), None)
+    venv_dists = info["dists"] if venv_exists else {}
+    index_answers = True
+    if not wants_gpu(args.gpu, gpus) and "torch" not in venv_dists:
+        # Asked once, up front: pip would retry an unreachable index for minutes, loudly.
+        print(f"setup: asking the CPU torch index {args.cpu_torch_index} ({INDEX_TIMEOUT_S} s at most)", flush=True)
+        index_answers = host.url_answers(f"{args.cpu_torch_index.rstrip('/')}/torch/", INDEX_TIMEOUT_S)
     return Facts(
         source_root=source_root,
         venv=venv,
@@ -167,7 +185,7 @@ def probe(args: argparse.Namespace, source_root: Path) -> Facts:
         python_headers=bool(info["headers"]),
         python_ensurepip=bool(info["ensurepip"]),
         venv_exists=venv_exists,
-        venv_dists=info["dists"] if venv_exists else {},
+        venv_dists=venv_dists,
         venv_k26_source=info["k26_source"] if venv_exists else None,
         gpus=gpus,
         driver=host.driver_version() if gpus else None,
@@ -183,6 +201,8 @@ def probe(args: argparse.Namespace, source_root: Path) -> Facts:
         is_root=os.geteuid() == 0,
         has_sudo=shutil.which("sudo") is not None,
         downloader=downloader,
+        cpu_torch_index=args.cpu_torch_index,
+        cpu_torch_index_answers=index_answers,
     )
 
 
@@ -305,14 +325,20 @@ def _gpu_python_steps(facts: Facts) -> list[Step]:
     return [Step(title, (_pip(facts, *(f"{name}=={version}" for name, version in pins.items())),))]
 
 
-def _cpu_python_steps(facts: Facts, cpu_torch_index: str) -> list[Step]:
+def _cpu_python_steps(facts: Facts) -> list[Step]:
     have = facts.venv_dists
     steps = []
     title = "Install a CPU-only torch"
     if "torch" in have:
         steps.append(Step(title, satisfied=f"torch {have['torch']} installed"))
+    elif facts.cpu_torch_index_answers:
+        steps.append(Step(title, (_pip(facts, "torch", "--index-url", facts.cpu_torch_index,
+                                       "--no-warn-conflicts"),)))
     else:
-        steps.append(Step(title, (_pip(facts, "torch", "--index-url", cpu_torch_index),)))
+        steps.append(Step(title, (_pip(facts, f"torch=={CPU_TORCH_FALLBACK}", "--no-warn-conflicts"),),
+                          note=f"{facts.cpu_torch_index} does not answer (offline, or blocked here): torch "
+                               f"{CPU_TORCH_FALLBACK} from pip's own sources instead (a local CPU wheel where "
+                               "pip's find-links has one, as on CI; else PyPI's larger CUDA build)"))
     title = f"Install sglang {SGLANG} sources without dependencies (no CUDA stack on this machine)"
     if have.get("sglang") == SGLANG:
         steps.append(Step(title, satisfied=f"sglang {SGLANG} installed"))
@@ -321,11 +347,12 @@ def _cpu_python_steps(facts: Facts, cpu_torch_index: str) -> list[Step]:
     return steps
 
 
-def _toolkit_step(facts: Facts) -> Step:
+def _toolkit_step(facts: Facts, gpu: bool) -> Step:
     title = f"Install this toolkit (editable, from {facts.source_root})"
     if facts.venv_k26_source == facts.source_root.as_uri():
         return Step(title, satisfied="k26-ddtree already installed from this checkout")
-    return Step(title, (_pip(facts, "-e", str(facts.source_root)),))
+    quiet = () if gpu else ("--no-warn-conflicts",)
+    return Step(title, (_pip(facts, "-e", str(facts.source_root), *quiet),))
 
 
 def _check_step(facts: Facts, gpu: bool) -> Step:
@@ -338,7 +365,7 @@ def _check_step(facts: Facts, gpu: bool) -> Step:
     return Step("Check the installed toolkit", tuple(commands))
 
 
-def plan(facts: Facts, gpu: bool, cpu_torch_index: str = CPU_TORCH_INDEX) -> list[Step]:
+def plan(facts: Facts, gpu: bool) -> list[Step]:
     """The ordered steps for this machine; already-satisfied steps carry the reason."""
     if facts.python_version not in SUPPORTED_PYTHONS:
         supported = ", ".join("{}.{}".format(*v) for v in SUPPORTED_PYTHONS)
@@ -346,8 +373,8 @@ def plan(facts: Facts, gpu: bool, cpu_torch_index: str = CPU_TORCH_INDEX) -> lis
             *facts.python_version, SGLANG, supported))
     steps = _gpu_system_steps(facts) if gpu else _cpu_system_steps(facts)
     steps.append(_venv_step(facts))
-    steps += _gpu_python_steps(facts) if gpu else _cpu_python_steps(facts, cpu_torch_index)
-    steps.append(_toolkit_step(facts))
+    steps += _gpu_python_steps(facts) if gpu else _cpu_python_steps(facts)
+    steps.append(_toolkit_step(facts, gpu))
     steps.append(_check_step(facts, gpu))
     return steps
 
@@ -361,6 +388,10 @@ def describe(facts: Facts, gpu: bool) -> str:
     return f"no GPU (nvidia-smi lists none): sglang {SGLANG} sources without its CUDA stack, CPU torch"
 
 
+CPU_CONFLICTS_NOTE = (f"setup: without GPUs sglang {SGLANG}'s dependencies (its CUDA stack) stay out on purpose, "
+                      "so pip's report of them as missing is expected and switched off (--no-warn-conflicts)")
+
+
 def execute(steps: list[Step], dry_run: bool, say=print) -> None:
     """Print every step; run the unsatisfied ones unless dry_run. Raises UserError(code=1) on a failed command."""
     total = len(steps)
@@ -370,6 +401,8 @@ def execute(steps: list[Step], dry_run: bool, say=print) -> None:
             say(f"{label}: already done ({step.satisfied})")
             continue
         say(f"{label}: would run" if dry_run else label)
+        if step.note:
+            say(f"      note: {step.note}")
         for command in step.commands:
             say(f"      $ {shlex.join(command)}")
             if dry_run:
@@ -391,9 +424,11 @@ def run_setup(args: argparse.Namespace, source_root: Path | None) -> int:
     if source_root is None:
         raise UserError("setup installs from a source checkout; run `bash env/setup_env.sh` in a clone of k26-ddtree")
     facts = probe(args, source_root)
-    gpu = args.gpu == "yes" or (args.gpu == "auto" and bool(facts.gpus))
-    steps = plan(facts, gpu, args.cpu_torch_index)
+    gpu = wants_gpu(args.gpu, facts.gpus)
+    steps = plan(facts, gpu)
     print(f"setup: {describe(facts, gpu)}")
+    if not gpu:
+        print(CPU_CONFLICTS_NOTE)
     print(f"setup: {'dry run, nothing will change' if args.dry_run else 'plan'}: {len(steps)} steps")
     execute(steps, args.dry_run)
     if args.dry_run:

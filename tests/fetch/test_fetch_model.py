@@ -83,7 +83,7 @@ def test_parallel_download_verifies_records_and_never_leaks_the_token(hub, tmp_p
     hub.chunk_delay_s = 0.01  # responses overlap, so parallel files are observable
     dest = tmp_path / "kimi"
     proc = subprocess.Popen(
-        cli_argv("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url,
+        cli_argv("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url,
                  "--parallel-files", "3", "--connections", "4"),
         cwd=REPO_ROOT, env=cli_env(HF_TOKEN=TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
@@ -114,10 +114,10 @@ def test_rerun_skips_verified_files_and_checks_files_put_there_by_hand(hub, tmp_
     files = model_files(shards=2)
     hub.add_repo("org/kimi", files)
     dest = tmp_path / "kimi"
-    assert run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url).returncode == 0
+    assert run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url).returncode == 0
     downloads = len([s for s in hub.requests if "/resolve/" in s.path])
 
-    again = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
+    again = run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "nothing to do" in again.stdout
     assert len([s for s in hub.requests if "/resolve/" in s.path]) == downloads
@@ -125,7 +125,7 @@ def test_rerun_skips_verified_files_and_checks_files_put_there_by_hand(hub, tmp_
     # Without the stamp, the files present are hashed rather than downloaded again.
     (dest / ".k26-model.json").unlink()
     (dest / "SHA256SUMS").unlink()
-    third = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
+    third = run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url)
     assert third.returncode == 0, third.stdout + third.stderr
     assert third.stdout.count("ok (present)") == len(files)
     assert len([s for s in hub.requests if "/resolve/" in s.path]) == downloads
@@ -145,7 +145,7 @@ def _interrupted_then_resumed(hub, tmp_path, sig: int, connections: int) -> None
     big = "model-00001-of-00002.safetensors"
     hub.chunk_delay_s = 0.1  # ~640 KiB/s per connection: still running when it is killed
     dest = tmp_path / "kimi"
-    args = ("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url,
+    args = ("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url,
             "--connections", str(connections), "--min-split-size", "1M")
     proc = subprocess.Popen(cli_argv(*args), cwd=REPO_ROOT, env=cli_env(HF_TOKEN=TOKEN),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -192,7 +192,7 @@ def test_a_shard_served_wrong_once_is_detected_and_fetched_again(hub, tmp_path):
     bad = "model-00002-of-00003.safetensors"
     hub.corrupt[bad] = 1
     dest = tmp_path / "kimi"
-    result = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
+    result = run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"BAD     {bad}" in result.stdout and "downloading it again" in result.stdout
     assert hub.corrupt[bad] == 0
@@ -206,7 +206,7 @@ def test_a_persistently_wrong_file_is_reported_with_exit_1(hub, tmp_path):
     hub.corrupt[bad_lfs] = -1
     hub.corrupt[bad_small] = -1
     dest = tmp_path / "kimi"
-    result = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
+    result = run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "k26-deploy: error: 2 files not fetched and verified" in result.stderr
     assert f"org/kimi:{bad_lfs}" in result.stderr and f"org/kimi:{bad_small}" in result.stderr
@@ -224,23 +224,40 @@ def test_a_finished_but_unverified_partial_is_verified_not_downloaded(hub, tmp_p
     name = "model-00001-of-00001.safetensors"
     (dest / ".partial").mkdir(parents=True)
     (dest / ".partial" / f"{name}.{files[name].sha256[:16]}").write_bytes(files[name].data)
-    result = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
+    result = run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not [s for s in hub.requests if s.path.startswith("/cdn/")]
     assert_matches_repo(dest, files)
 
 
-def test_model_and_drafter_land_in_their_own_verified_directories(hub, tmp_path):
+def test_the_fields_drafter_comes_along_by_default_into_dest_dflash(hub, tmp_path):
     model, drafter = model_files(shards=2), model_files(shards=1, shard_size=1 << 20)
     hub.add_repo("org/kimi", model)
-    hub.add_repo("lab/kimi-dflash", drafter)
-    dest = tmp_path / "models" / "kimi"
-    result = run_cli("fetch-model", "--model", "org/kimi", "--drafter", "lab/kimi-dflash",
-                     "--dest", str(dest), "--endpoint", hub.url)
+    hub.add_repo("SubSir/Kimi-K2.6-DFlash-tmp-long", drafter)
+    dest = tmp_path / "models" / "Kimi-K2.6"
+    result = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
     assert result.returncode == 0, result.stdout + result.stderr
     assert_matches_repo(dest, model)
-    assert_matches_repo(tmp_path / "models" / "kimi-dflash", drafter)
-    assert f"ready: {tmp_path / 'models' / 'kimi-dflash'}" in result.stdout
+    # Where the shipped profiles look for it: /models/Kimi-K2.6 pairs with /models/Kimi-K2.6-DFlash.
+    assert_matches_repo(tmp_path / "models" / "Kimi-K2.6-DFlash", drafter)
+    assert f"ready: {tmp_path / 'models' / 'Kimi-K2.6-DFlash'}" in result.stdout
+    stamp = json.loads((tmp_path / "models" / "Kimi-K2.6-DFlash" / ".k26-model.json").read_text())
+    assert stamp["repo"] == "SubSir/Kimi-K2.6-DFlash-tmp-long"
+
+
+def test_another_drafter_or_none_can_be_chosen(hub, tmp_path):
+    hub.add_repo("org/kimi", model_files(shards=1, shard_size=1 << 20))
+    hub.add_repo("lab/other-dflash", model_files(shards=1, shard_size=1 << 20))
+    other = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(tmp_path / "a" / "kimi"),
+                    "--drafter", "lab/other-dflash", "--endpoint", hub.url)
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert json.loads((tmp_path / "a" / "kimi-DFlash" / ".k26-model.json").read_text())["repo"] == "lab/other-dflash"
+    alone = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(tmp_path / "b" / "kimi"), "--no-drafter",
+                    "--endpoint", hub.url)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["kimi"]
+    both = run_cli("fetch-model", "--dest", str(tmp_path / "c"), "--no-drafter", "--drafter-dest", str(tmp_path / "d"))
+    assert both.returncode == 2 and "--drafter-dest and --no-drafter contradict" in both.stderr
 
 
 def test_token_file_must_be_private_and_is_used(hub, tmp_path):
@@ -249,7 +266,7 @@ def test_token_file_must_be_private_and_is_used(hub, tmp_path):
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o644)
     dest = tmp_path / "kimi"
-    args = ("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url,
+    args = ("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url,
             "--token-file", str(token_file))
     refused = run_cli(*args, env=cli_env())
     assert refused.returncode == 2
@@ -264,7 +281,7 @@ def test_token_file_must_be_private_and_is_used(hub, tmp_path):
 
 def test_without_a_token_the_gated_repo_is_refused_with_a_hint(hub, tmp_path):
     hub.add_repo("org/kimi", model_files(shards=1, shard_size=1 << 20))
-    result = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(tmp_path / "kimi"),
+    result = run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(tmp_path / "kimi"),
                      "--endpoint", hub.url, env=cli_env())
     assert result.returncode == 2
     assert "HTTP 401" in result.stderr and "HF_TOKEN" in result.stderr
@@ -284,7 +301,7 @@ def test_sha256sums_lists_the_hash_of_every_file(hub, tmp_path):
     files = model_files(shards=1, shard_size=1 << 20)
     hub.add_repo("org/kimi", files)
     dest = tmp_path / "kimi"
-    assert run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url).returncode == 0
+    assert run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url).returncode == 0
     listed = dict(line.split("  ", 1)[::-1] for line in (dest / "SHA256SUMS").read_text().splitlines())
     assert listed == {name: hashlib.sha256(f.data).hexdigest() for name, f in files.items()}
 
@@ -295,7 +312,7 @@ def test_a_second_fetch_into_the_same_directory_is_refused_while_one_runs(hub, t
     (dest / ".partial").mkdir(parents=True)
     with open(dest / ".partial" / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        result = run_cli("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
+        result = run_cli("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url)
     assert result.returncode == 2 and "another fetch-model is already filling" in result.stderr
     assert not [s for s in hub.requests if "/resolve/" in s.path]
 
@@ -320,7 +337,7 @@ def test_a_partial_of_an_older_version_does_not_spoil_the_new_one(hub, tmp_path)
     name = "model-00001-of-00001.safetensors"
     hub.chunk_delay_s = 0.1
     dest = tmp_path / "kimi"
-    args = ("fetch-model", "--model", "org/kimi", "--dest", str(dest), "--endpoint", hub.url)
+    args = ("fetch-model", "--model", "org/kimi", "--no-drafter", "--dest", str(dest), "--endpoint", hub.url)
     proc = subprocess.Popen(cli_argv(*args), cwd=REPO_ROOT, env=cli_env(HF_TOKEN=TOKEN),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -30,9 +30,11 @@ def copied_dir(tmp_path):
 def test_a_missing_directory_names_the_fetch_command(tmp_path):
     problem = model_dir_problem(tmp_path / "models" / "k2.6")
     assert problem == (f"model directory {tmp_path / 'models' / 'k2.6'} is missing: run "
-                       f"`k26-deploy fetch-model --model moonshotai/Kimi-K2.6 --dest {tmp_path / 'models' / 'k2.6'}`")
+                       f"`k26-deploy fetch-model --model moonshotai/Kimi-K2.6 --dest {tmp_path / 'models' / 'k2.6'} "
+                       "--no-drafter`")
     assert "--model lab/drafter" in model_dir_problem(tmp_path / "d", repo="lab/drafter")
-    assert "--model <drafter hub repo>" in model_dir_problem(tmp_path / "Kimi-K2.6-DFlash")
+    drafter = tmp_path / "Kimi-K2.6-DFlash"
+    assert f"--model SubSir/Kimi-K2.6-DFlash-tmp-long --dest {drafter} --no-drafter`" in model_dir_problem(drafter)
 
 
 def test_a_directory_without_hashes_is_not_accepted(tmp_path):
@@ -83,7 +85,7 @@ def test_verify_model_on_a_directory_without_hashes_is_a_user_error(tmp_path):
 
 
 @pytest.mark.parametrize("sums, expected", [
-    (b"\xff\xfe not text\n", "is not a `sha256sum` file (not UTF-8 text)"),
+    (b"\xff\xfe not text\n", "is not a sha256sum file (not UTF-8 text)"),
     (None, "cannot read"),  # SHA256SUMS is a directory
 ])
 def test_an_unreadable_sha256sums_is_a_one_line_error(copied_dir, sums, expected):
@@ -102,3 +104,45 @@ def test_an_unreadable_sha256sums_is_a_one_line_error(copied_dir, sums, expected
 def test_verify_model_on_a_file_says_it_is_not_a_directory(copied_dir):
     result = run_cli("verify-model", str(copied_dir / "config.json"))
     assert result.returncode == 2 and result.stderr.strip().endswith("config.json is not a directory")
+
+
+def test_a_link_that_leaves_the_directory_is_refused_one_inside_is_followed(copied_dir, tmp_path):
+    outside = tmp_path / "passwd"
+    outside.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (copied_dir / "config.json").unlink()
+    (copied_dir / "config.json").symlink_to(outside)
+    (copied_dir / "tokenizer" / "tiktoken.model").unlink()
+    (copied_dir / "tokenizer" / "tiktoken.model").symlink_to("../model-00002-of-00002.safetensors")
+    names = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+             "tokenizer/tiktoken.model"]
+    sums = subprocess.run(["sha256sum", *names], cwd=copied_dir, capture_output=True, text=True, check=True)
+    (copied_dir / "SHA256SUMS").write_text(sums.stdout)  # the hash of the file the link reaches
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"OUTSIDE  config.json  (a link to {outside}, outside {copied_dir}" in result.stdout
+    assert "ok       tokenizer/tiktoken.model" in result.stdout
+    assert result.stderr.strip() == (f"k26-deploy: error: 1 of 4 files failed verification in {copied_dir}: "
+                                     "config.json")
+    assert not (copied_dir / ".k26-model.json").exists()
+
+
+@pytest.mark.parametrize("tail", ["\n", "# written by hand\n", "\r\n"])
+def test_sha256sums_is_read_as_sha256sum_strict_reads_it(copied_dir, tail):
+    sums = copied_dir / "SHA256SUMS"
+    sums.write_text(sums.read_text().replace("\n", "\r\n" if tail == "\r\n" else "\n") + tail)
+    coreutils = subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"], cwd=copied_dir,
+                               capture_output=True, text=True)
+    assert coreutils.returncode == 0, coreutils.stdout + coreutils.stderr
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "verify " in result.stdout and ": 4 files," in result.stdout
+
+
+def test_a_file_listed_twice_is_an_error_not_two_files(copied_dir):
+    sums = copied_dir / "SHA256SUMS"
+    first = sums.read_text().splitlines()[0]
+    sums.write_text(sums.read_text() + first + "\n")
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert result.stderr.strip() == (f"k26-deploy: error: {sums}:5: config.json listed twice (first on line 1)")
+    assert "files," not in result.stdout

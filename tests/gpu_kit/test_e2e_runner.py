@@ -1,6 +1,6 @@
-"""The GPU runner's mechanics against a fake sglang (fake_sglang/): launches, readiness, the AR
-reference and oracle file, the second start wave for -oracle servers, verdicts and the report,
-speed runs, and servers kept for (and reused by) a later run."""
+"""The GPU runner's mechanics against the stand-in sglang (tests/standin as the site): launches,
+readiness, the AR reference and oracle file, the second start wave for -oracle servers, verdicts
+and the report, speed runs, and servers kept for (and reused by) a later run."""
 
 import json
 import os
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-FAKE = HERE / "fake_sglang"
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = REPO / "tests" / "standin"
+# Load at once, ready half a second later; acceptance 3.2 is 10 verify steps for 32 new tokens.
+STANDIN_ENV = {"STANDIN_LOAD_SECONDS": "0", "STANDIN_WARMUP_SECONDS": "0.5", "STANDIN_ACCEPT": "3.2"}
 
 
 def free_base_port(count: int) -> int:
@@ -54,9 +55,9 @@ def setup(tmp_path):
 
 
 def run_e2e(tmp_path, models, matrix, env_extra, *extra, run="t"):
-    env = dict(os.environ, PYTHONPATH=str(REPO), **env_extra)
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{**STANDIN_ENV, **env_extra})
     cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", run,
-           "--site", str(FAKE), "--models", str(models), "--out", str(tmp_path / "out"),
+           "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--jit-dir", str(tmp_path / "jit"), "--python", sys.executable,
            "--base-port", str(free_base_port(4)), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
@@ -66,8 +67,8 @@ def run_e2e(tmp_path, models, matrix, env_extra, *extra, run="t"):
 
 def test_ties_only_pass_and_oracle_servers_start_after_the_reference(setup):
     tmp_path, models, matrix = setup
-    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_DIVERGE_AT": "5", "FAKE_TIE_GAP": "0.01"},
-                           "--patched-site", str(FAKE))
+    done, report = run_e2e(tmp_path, models, matrix, {"STANDIN_DIVERGE_AT": "5", "STANDIN_TIE_GAP": "0.01"},
+                           "--patched-site", str(STANDIN))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert report["overall"] == "PASS"
     by_name = {s["name"]: s for s in report["servers"]}
@@ -87,7 +88,7 @@ def test_ties_only_pass_and_oracle_servers_start_after_the_reference(setup):
 
 def test_a_divergence_where_the_reference_is_decisive_fails(setup):
     tmp_path, models, matrix = setup
-    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_DIVERGE_AT": "9"}, "--patched-site", str(FAKE))
+    done, report = run_e2e(tmp_path, models, matrix, {"STANDIN_DIVERGE_AT": "9"}, "--patched-site", str(STANDIN))
     assert done.returncode == 1
     assert report["overall"].startswith("FAIL")
     div = report["servers"][1]["cells"][0]["divergences"][0]
@@ -105,7 +106,7 @@ def test_ddtree_servers_are_skipped_when_the_patch_set_cannot_apply(setup):
 
 def test_the_report_is_written_by_the_deadline_when_servers_never_become_ready(setup):
     tmp_path, models, matrix = setup
-    done, report = run_e2e(tmp_path, models, matrix, {"FAKE_READY_SECONDS": "1000"}, "--patched-site", str(FAKE),
+    done, report = run_e2e(tmp_path, models, matrix, {"STANDIN_FAIL": "health"}, "--patched-site", str(STANDIN),
                            "--deadline-s", "25")
     assert done.returncode == 1
     assert report["wall_s"] < 90
@@ -143,8 +144,8 @@ def speed_matrix(tmp_path, matrix):
 
 def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_output(setup):
     tmp_path, models, matrix = setup
-    env = {"FAKE_DELAY_S": "0.01", "FAKE_DIVERGE_AT": "5", "FAKE_TIE_GAP": "0.01"}
-    done, report = run_e2e(tmp_path, models, speed_matrix(tmp_path, matrix), env, "--patched-site", str(FAKE),
+    env = {"STANDIN_DIVERGE_AT": "5", "STANDIN_TIE_GAP": "0.01"}
+    done, report = run_e2e(tmp_path, models, speed_matrix(tmp_path, matrix), env, "--patched-site", str(STANDIN),
                            run="s")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert report["overall"] == "PASS"
@@ -171,18 +172,18 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
 def test_servers_kept_for_a_later_run_are_reused_when_code_and_models_match(setup):
     tmp_path, models, matrix = setup
     speed = speed_matrix(tmp_path, matrix)
-    done, first = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(FAKE), "--keep-for", "keeper", run="keeper")
+    done, first = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(STANDIN), "--keep-for", "keeper", run="keeper")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     status = {s["name"]: s for s in first["servers"]}
     assert status["ar"]["status"] == status["dflash"]["status"] == "kept running"
     try:
-        done, again = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(FAKE), run="keeper")
+        done, again = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(STANDIN), run="keeper")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
         for s in again["servers"]:
             assert s["reused"] and s["port"] == status[s["name"]]["port"], s
             assert s["status"] == "stopped"
         # stopped now, so a third run starts its own
-        done, third = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(FAKE), run="keeper")
+        done, third = run_e2e(tmp_path, models, speed, {}, "--patched-site", str(STANDIN), run="keeper")
         assert not any(s["reused"] for s in third["servers"])
     finally:
         state = json.loads((tmp_path / "work" / "servers.json").read_text())

@@ -155,3 +155,79 @@ def test_a_binary_manifest_or_a_path_outside_the_root_is_malformed(tree):
     assert "'/etc/passwd' is not a path inside the root" in _one_line(_verify(tree))
     (tree / manifest.MANIFEST_NAME).write_text("ab" * 32 + "  env/../../outside\n")
     assert "is not a path inside the root" in _one_line(_verify(tree))
+
+
+def test_a_root_that_does_not_exist_is_named_and_nothing_is_created(tree, tmp_path):
+    ghost = tmp_path / "does" / "not" / "exist"
+    assert _one_line(_manifest(ghost)) == f"k26-deploy: error: --root {ghost} does not exist"
+    assert _one_line(run_cli("verify", "--root", str(ghost), "--manifest", str(tree / "M"))) == (
+        f"k26-deploy: error: --root {ghost} does not exist")
+    assert _manifest(tree, "--out", str(tree / "M")).returncode == 0
+    # A real manifest does not turn a mistyped root into "every file missing".
+    assert _one_line(run_cli("verify", "--root", str(ghost), "--manifest", str(tree / "M"))) == (
+        f"k26-deploy: error: --root {ghost} does not exist")
+    assert not (tmp_path / "does").exists(), "a refused run created folders"
+    assert "is not a directory" in _one_line(_manifest(tree / "REPRODUCE.md"))
+
+
+def test_an_out_in_a_new_folder_is_created_only_when_the_manifest_is_written(tree, tmp_path):
+    out = tmp_path / "records" / "today" / "MANIFEST.sha256"
+    assert _manifest(tree, "--out", str(out)).returncode == 0
+    assert out.is_file() and sorted(p.name for p in out.parent.iterdir()) == ["MANIFEST.sha256"]
+
+
+@pytest.mark.parametrize("edit, accepted", [
+    (lambda text: text + "\n", True),                       # a trailing blank line
+    (lambda text: "# recorded by hand\n" + text, True),     # a comment
+    (lambda text: text.replace("\n", "\r\n"), True),        # written on Windows
+    (lambda text: text + "   \n", False),                   # a line of spaces is no checksum line
+])
+def test_the_manifest_is_read_as_sha256sum_strict_reads_it(tree, edit, accepted):
+    assert _manifest(tree).returncode == 0
+    path = tree / manifest.MANIFEST_NAME
+    path.write_bytes(edit(path.read_text()).encode())
+    coreutils = subprocess.run(["sha256sum", "-c", manifest.MANIFEST_NAME, "--strict", "--quiet"], cwd=tree,
+                               capture_output=True, text=True, timeout=120)
+    assert (coreutils.returncode == 0) is accepted, coreutils.stdout + coreutils.stderr
+    result = _verify(tree)
+    if accepted:
+        assert result.returncode == 0, result.stdout + result.stderr
+    else:
+        assert "not a sha256sum line: '   '" in _one_line(result)
+
+
+def test_a_file_listed_twice_is_refused(tree):
+    assert _manifest(tree).returncode == 0
+    path = tree / manifest.MANIFEST_NAME
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines + lines[:1]))
+    rel = lines[0].split("  ", 1)[1].strip()
+    assert _one_line(_verify(tree)).endswith(f":{len(lines) + 1}: {rel} listed twice (first on line 1)")
+
+
+def test_links_that_leave_the_root_are_never_recorded_or_passed(tree, tmp_path):
+    outside = tmp_path / "passwd"
+    outside.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    inside = tree / "env" / "alias.sh"
+    inside.symlink_to("setup_env.sh")  # a link within the root is an ordinary file of the tree
+    assert _manifest(tree).returncode == 0
+    assert f"  env/alias.sh\n" in (tree / manifest.MANIFEST_NAME).read_text()
+
+    victim = tree / "bench" / "results" / "run-1.json"
+    victim.unlink()
+    victim.symlink_to(outside)
+    # sha256sum follows the link; the manifest must not vouch for /etc/passwd as a result file.
+    text = (tree / manifest.MANIFEST_NAME).read_text()
+    digest = subprocess.run(["sha256sum", str(outside)], capture_output=True, text=True).stdout.split()[0]
+    (tree / manifest.MANIFEST_NAME).write_text(
+        "".join(f"{digest}  {line.split('  ', 1)[1]}" if line.endswith("  bench/results/run-1.json\n") else line
+                for line in text.splitlines(keepends=True)))
+    result = _verify(tree)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "outside: bench/results/run-1.json" in result.stdout
+    assert "0 changed, 0 missing, 0 extra, 1 outside" in result.stderr and "Traceback" not in result.stderr
+
+    before = (tree / manifest.MANIFEST_NAME).read_bytes()
+    message = _one_line(_manifest(tree))
+    assert f"bench/results/run-1.json is a link to {outside}, outside {tree}" in message
+    assert (tree / manifest.MANIFEST_NAME).read_bytes() == before, "a refused manifest was written"

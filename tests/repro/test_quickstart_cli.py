@@ -30,7 +30,7 @@ def test_unknown_argument_is_a_usage_error():
 def test_a_failing_setup_stops_at_step_1_with_the_plan_shown(tmp_path):
     result = _run("--venv", str(tmp_path / "venv"), PYTHON=str(tmp_path / "no-such-python"))
     assert result.returncode == 1
-    assert "Plan:" in result.stdout and "Stopped after validation" not in result.stdout
+    assert "Plan:" in result.stdout and "Stopped after rendering" not in result.stdout
     assert "no-such-python not found" in result.stderr
     assert "quickstart: error: step 1: setup failed" in result.stderr
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from k26_ddtree.errors import UserError
 from k26_ddtree.repro import setup
-from repro_helpers import REPO, cpu_path, run_cli
+from repro_helpers import REPO, closed_port_url, cpu_path, local_index, run_cli
 
 
 def test_gpu_dry_run_plans_cuda_toolkit_headers_and_pinned_stack(tmp_path, fake_gpu_path):
@@ -63,15 +65,51 @@ def test_a_file_as_venv_is_refused_with_one_line(tmp_path):
 
 def test_cpu_dry_run_installs_sglang_without_deps_and_no_cuda(tmp_path):
     venv = tmp_path / "venv"
-    result = run_cli("setup", "--dry-run", "--venv", str(venv), path=cpu_path())
+    with local_index({"torch": "<a href='torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl'>torch</a>"}) as index:
+        result = run_cli("setup", "--dry-run", "--venv", str(venv), "--cpu-torch-index", index, path=cpu_path())
     out = result.stdout
     assert result.returncode == 0, result.stderr
     assert "no GPU (nvidia-smi lists none)" in out
-    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in out
+    assert f"pip install torch --index-url {index} --no-warn-conflicts" in out
     assert "pip install --no-deps sglang==0.5.11" in out
-    assert f"pip install -e {REPO}" in out
-    assert "cuda" not in out.lower().replace("no cuda stack", "").replace("without its cuda stack", "")
+    assert f"pip install -e {REPO} --no-warn-conflicts" in out
+    # pip's 60-line "dependency conflicts" ERROR about sglang's CUDA stack is off, and one line says why.
+    assert setup.CPU_CONFLICTS_NOTE in out.splitlines()
+    assert "cuda" not in out.lower().replace("no cuda stack", "").replace("without its cuda stack", "").replace(
+        "(its cuda stack)", "")
     assert not venv.exists()
+
+
+def _fake_torch_wheel(folder: Path) -> None:
+    """A real, installable wheel named torch 2.13.0 (a few bytes): what pip's find-links offers here."""
+    folder.mkdir()
+    info = "torch-2.13.0.dist-info"
+    with zipfile.ZipFile(folder / "torch-2.13.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("torch/__init__.py", "__version__ = '2.13.0'\n")
+        wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", f"torch/__init__.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+
+
+def test_an_unreachable_cpu_torch_index_is_asked_once_then_torch_comes_quietly_from_pip(tmp_path):
+    """pip retried an unreachable index for two minutes, 80 warnings; now one bounded question, one note."""
+    venv, wheels, index = tmp_path / "venv", tmp_path / "wheels", closed_port_url()
+    _fake_torch_wheel(wheels)
+    local_only = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_CONFIG_FILE": os.devnull}
+    started = time.monotonic()
+    result = run_cli("setup", "--venv", str(venv), "--gpu", "no", "--cpu-torch-index", index,
+                     extra_env=local_only)
+    out = result.stdout
+    assert f"setup: asking the CPU torch index {index} (10 s at most)" in out.splitlines()
+    assert "[2/5] Install a CPU-only torch\n" in out
+    assert (f"      note: {index} does not answer (offline, or blocked here): torch 2.13.0 from pip's own "
+            "sources instead") in out
+    assert "pip install torch==2.13.0 --no-warn-conflicts\n" in out and "Successfully installed torch-2.13.0" in out
+    assert "--index-url" not in out and "Retrying" not in out + result.stderr
+    # The sglang step finds no wheel in this local-only setup: the run stops there, torch in place.
+    assert "step 3/5 (Install sglang 0.5.11 sources without dependencies" in result.stderr
+    assert any(venv.glob("lib/python*/site-packages/torch/__init__.py"))
+    assert time.monotonic() - started < 120
 
 
 def test_setup_env_sh_runs_the_same_plan(tmp_path):
@@ -163,7 +201,8 @@ def test_cpu_torch_on_a_gpu_box_is_replaced(tmp_path):
 def test_a_failing_step_stops_setup_with_exit_1_and_a_rerun_skips_what_was_done(tmp_path):
     venv = tmp_path / "venv"
     offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "no-wheels")}
-    first = run_cli("setup", "--venv", str(venv), "--gpu", "no", extra_env=offline)
+    first = run_cli("setup", "--venv", str(venv), "--gpu", "no", "--cpu-torch-index", closed_port_url(),
+                    extra_env=offline)
     assert first.returncode == 1, first.stdout + first.stderr
     assert "[1/5] Create the venv" in first.stdout and "ok (" in first.stdout
     assert "k26-deploy: error: step 2/5 (Install a CPU-only torch) failed: " in first.stderr

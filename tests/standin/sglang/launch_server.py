@@ -1,16 +1,25 @@
 """A stand-in for `python -m sglang.launch_server`, for CPU tests only.
 
 The real server needs a GPU. This module takes its place on PYTHONPATH
-(tests/standin) so that the same systemd unit, readiness gate and benchmark
-client run against a real HTTP server on 127.0.0.1. It imitates what the
+(tests/standin; the GPU runner's tests pass this folder as its --site) so that
+the same systemd unit, readiness gate, benchmark client and proving-ground
+runner run against a real HTTP server on 127.0.0.1. It imitates what the
 tooling relies on:
 
-- the port refuses connections while "loading" (STANDIN_LOAD_SECONDS, default 2);
+- the port refuses connections while "loading" (STANDIN_LOAD_SECONDS, default 2),
+  then a graph-capture line like sglang's is printed;
 - /health and /health_generate answer 503 for STANDIN_WARMUP_SECONDS after bind, then 200;
 - native /generate returns meta_info with completion_tokens, spec_verify_ct,
   spec_accept_length (acceptance STANDIN_ACCEPT, default 4.0) and streams SSE;
+  output_ids are a fixed function of the prompt's input_ids, so AR and speculative
+  servers agree token for token; return_logprob adds top-2 output_top_logprobs;
 - /server_info carries the parsed server args, the pid and avg_spec_accept_length;
 - /flush_cache (counted in /server_info standin_flush_count), /v1/models, /v1/chat/completions.
+
+Lossless-check tests: STANDIN_DIVERGE_AT=N makes speculative servers (those given
+--speculative-algorithm) part from AR at output position N of every request; every
+server reports a top-2 log-prob gap of STANDIN_TIE_GAP there (default 3.0: a real
+failure unless set to a tie, <= the runner's eps).
 
 Benchmark tests: STANDIN_ERROR_EVERY=N answers HTTP 500 to every Nth /generate
 (counted over the server's life, warm-ups included). STANDIN_REPLIES_FILE names a
@@ -39,7 +48,13 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-STARTED = time.monotonic()
+VOCAB = 2048
+DECISIVE_GAP = 3.0
+
+
+def token(prompt: list[int], position: int) -> int:
+    """The greedy output at `position` for `prompt`: the same on every server, AR or speculative."""
+    return (sum(prompt) * 31 + position * 7) % VOCAB
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -79,6 +94,21 @@ class State:
             "STANDIN_CHAT_REPLY",
             "<think>Reasoning about the task.</think>Here is the code:\n```python\nprint('ok')\n```\n",
         )
+        self.speculative = args.speculative_algorithm is not None
+        self.diverge_at = int(os.environ.get("STANDIN_DIVERGE_AT", "-1"))
+        self.tie_gap = float(os.environ.get("STANDIN_TIE_GAP", str(DECISIVE_GAP)))
+
+    def output_ids(self, prompt: list[int], count: int) -> list[int]:
+        out = [token(prompt, i) for i in range(count)]
+        if self.speculative and 0 <= self.diverge_at < count:
+            out[self.diverge_at] = (out[self.diverge_at] + 1) % VOCAB
+        return out
+
+    def top_logprobs(self, out: list[int]) -> list[list]:
+        """Top-2 [logprob, token id, text] per position, on every server: the AR reference's gap at
+        STANDIN_DIVERGE_AT is what decides whether a speculative server's divergence there is a tie."""
+        gaps = [self.tie_gap if i == self.diverge_at else DECISIVE_GAP for i in range(len(out))]
+        return [[[-0.01, t, None], [-0.01 - g, (t + 1) % VOCAB, None]] for t, g in zip(out, gaps)]
 
     def reply_for(self, prompt: str) -> str | None:
         for key, reply in self.replies.items():
@@ -194,7 +224,9 @@ def make_handler(state: State):
             if pieces is not None:
                 n_out = max(1, len(pieces))
             incremental = state.args.incremental_streaming_output
-            prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(str(body.get("text", "")).split())
+            prompt_ids = list(body.get("input_ids") or [])
+            prompt_tokens = len(prompt_ids) if "input_ids" in body else len(str(body.get("text", "")).split())
+            output_ids = state.output_ids(prompt_ids, n_out)
             steps = max(1, math.ceil(n_out / state.accept)) if n_out else 0
             step_s = state.accept / state.tokens_per_s
             rid = f"standin-{time.monotonic_ns()}"
@@ -204,19 +236,19 @@ def make_handler(state: State):
                 return "".join(pieces[first:last]) if pieces is not None else " tok" * (last - first)
 
             def chunk(done: int, verify: int, final: bool, sent: int = 0) -> dict:
-                return {
-                    "text": text(sent if incremental else 0, done),
-                    "output_ids": [7] * done,
-                    "meta_info": {
-                        "id": rid,
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": done,
-                        "spec_verify_ct": verify,
-                        "spec_accept_length": (done / verify) if verify else 0.0,
-                        "finish_reason": {"type": "length", "length": n_out} if final else None,
-                        "e2e_latency": time.monotonic() - start,
-                    },
+                meta = {
+                    "id": rid,
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": done,
+                    "spec_verify_ct": verify,
+                    "spec_accept_length": (done / verify) if verify else 0.0,
+                    "finish_reason": {"type": "length", "length": n_out} if final else None,
+                    "e2e_latency": time.monotonic() - start,
                 }
+                if body.get("return_logprob"):
+                    meta["output_top_logprobs"] = state.top_logprobs(output_ids[:done])
+                return {"text": text(sent if incremental else 0, done), "output_ids": output_ids[:done],
+                        "meta_info": meta}
 
             if not body.get("stream"):
                 time.sleep(steps * step_s)
@@ -283,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if fail == "start":
         print("stand-in sglang: failing at start as asked (STANDIN_FAIL=start)", flush=True)
         return 1
+    print("Capture cuda graph end. Time elapsed: 1.50 s. mem usage=0.1 GB.", flush=True)
     state = State(args, extra, argv)
     state.never_healthy = fail == "health"
     server = _Server((args.host, args.port), make_handler(state))
