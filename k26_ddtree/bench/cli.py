@@ -89,8 +89,12 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="stop at EOS (default: ignore_eos, every request generates --output-len tokens)")
     g.add_argument("--seed", type=int, default=0, help="prompt seed: same seed, same prompts (default 0)")
-    g.add_argument("--id-range", default="1000:30000",
-                   help="token ids of random-ids prompts, LOW:HIGH (default 1000:30000)")
+    g.add_argument("--id-range",
+                   help="token ids of random-ids prompts, LOW:HIGH (default 1000:30000, cut to the served model's "
+                        "vocabulary); special ids are always skipped, and a range past the vocabulary is refused")
+    g.add_argument("--vocab-size", type=positive_int, metavar="N",
+                   help="token ids of the served model, when its config.json is not on this machine (the bench "
+                        "reads it from the server's model_path and refuses to guess)")
     g.add_argument("--prompt-file", type=Path,
                    help="take prompts from windows of this text file instead of random ids "
                         "(a word per token unless --tokenizer is given)")
@@ -111,6 +115,9 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="chat template for /generate prompts (default: the server's tokenizer path if it is local)")
     g.add_argument("--tasks", type=Path, help="task file (default: the built-in bench/coding_tasks.yaml)")
     g.add_argument("--task", action="append", help="run only this task id (repeatable)")
+    g.add_argument("--eval-unsandboxed", action="store_true",
+                   help="where bubblewrap (bwrap) does not work, still run the model's code: in a plain process "
+                        "with rlimits, as uid nobody when run as root; without this flag the eval refuses")
 
 
 def _add_run_args(p: argparse.ArgumentParser, record_config: bool = True) -> None:
@@ -131,12 +138,14 @@ def _eval_settings(args):
         concurrency=args.eval_concurrency,
         test_timeout_s=args.eval_test_timeout,
         tokenizer=args.eval_tokenizer,
+        allow_unsandboxed=args.eval_unsandboxed,
     )
 
 
 def _run_options(args, with_matrix: bool, with_eval: bool):
     from k26_ddtree.bench.client import read_api_key
     from k26_ddtree.bench.harness import MatrixSettings
+    from k26_ddtree.bench.isolation import detect_isolation
     from k26_ddtree.bench.prompts import PromptSource, parse_id_range
     from k26_ddtree.bench.runner import RunOptions
     from k26_ddtree.errors import UserError
@@ -154,7 +163,6 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
             raise UserError("--warmup must be 0 or more")
         if args.tokenizer and not args.prompt_file:
             raise UserError("--tokenizer only applies to --prompt-file (random-ids prompts need no tokenizer)")
-        low, high = parse_id_range(args.id_range)
         matrix = MatrixSettings(
             contexts=args.contexts,
             concurrencies=args.concurrency,
@@ -165,9 +173,13 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
             ignore_eos=args.ignore_eos,
         )
         prompts = PromptSource(
-            seed=args.seed, id_low=low, id_high=high, text_file=args.prompt_file, tokenizer=args.tokenizer
+            seed=args.seed,
+            id_range=parse_id_range(args.id_range) if args.id_range is not None else None,
+            vocab_size=args.vocab_size,
+            text_file=args.prompt_file,
+            tokenizer=args.tokenizer,
         )
-    return RunOptions(
+    options = RunOptions(
         url=args.url,
         api_key=read_api_key(args.api_key_file),
         out=args.out or default_out(),
@@ -183,6 +195,9 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
         prompts=prompts,
         coding_eval=_eval_settings(args) if with_eval else None,
     )
+    if with_eval:
+        detect_isolation(args.eval_unsandboxed)  # refuses before the server is asked, not after the matrix
+    return options
 
 
 def _outcome(run: dict, out: Path) -> int:
@@ -270,8 +285,10 @@ def register(sub) -> None:
         description=(
             "Send each built-in coding task through /v1/chat/completions and /generate, extract the code "
             "(the last fenced block after the last reasoning-end marker </think> or ◁/think▷; code inside "
-            "the reasoning never counts; cut-off reasoning gives no code), run the hidden unit tests in a "
-            "sandbox (own process, temp dir, rlimits, no network) and report pass@1 per task and tok/s. "
+            "the reasoning never counts; cut-off reasoning gives no code), run the hidden unit tests in "
+            "bubblewrap (never as root; no network, read-only system dirs, private /tmp, seccomp, rlimits) "
+            "and report pass@1 per task and tok/s. Without a working bwrap it refuses, unless "
+            "--eval-unsandboxed is given. "
             + RESULTS_HELP
         ),
     )

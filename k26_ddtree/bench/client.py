@@ -12,12 +12,18 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
 from k26_ddtree.errors import UserError
 
 API_KEY_ENV = "K26_API_KEY"
+WAIT_NOTE_EVERY_S = 10.0
+
+
+class EndpointMissing(UserError):
+    """The server answered 404: it has no such endpoint."""
 
 
 def read_api_key(api_key_file: str | None) -> str | None:
@@ -93,53 +99,70 @@ class ServerClient:
         await self._http.aclose()
 
     async def _get_json(self, path: str) -> dict:
+        """The JSON object at `path`; anything else (no answer, an error status, a body that is
+        not a JSON object) is one UserError line."""
+        url = f"{self.base_url}{path}"
         try:
             response = await self._http.get(path)
         except httpx.HTTPError as err:
-            raise UserError(f"cannot reach {self.base_url}{path}: {type(err).__name__}: {err}") from None
+            raise UserError(f"cannot reach {url}: {_exception_text(err)}") from None
         if response.status_code == 401:
-            raise UserError(f"{self.base_url}{path} answered 401: give the API key (--api-key-file or ${API_KEY_ENV})")
+            raise UserError(f"{url} answered 401: give the API key (--api-key-file or ${API_KEY_ENV})")
+        if response.status_code == 404:
+            raise EndpointMissing(f"{url} answered HTTP 404")
         if response.status_code != 200:
-            raise UserError(f"{self.base_url}{path} answered HTTP {response.status_code}")
+            raise UserError(f"{url} answered HTTP {response.status_code}")
         try:
-            return response.json()
-        except json.JSONDecodeError:
-            raise UserError(f"{self.base_url}{path} did not answer JSON") from None
+            body = response.json()
+        except ValueError:  # not JSON, or not UTF-8 text
+            raise UserError(f"{url} did not answer JSON") from None
+        if not isinstance(body, dict):
+            raise UserError(f"{url} answered {json.dumps(body)[:40]}, not a JSON object")
+        return body
 
     async def server_info(self) -> dict:
         """GET /server_info (the older alias /get_server_info when the first is missing)."""
         try:
             return await self._get_json("/server_info")
-        except UserError:
+        except EndpointMissing:
             return await self._get_json("/get_server_info")
 
     async def model_info(self) -> dict:
         """GET /model_info; {} when the server does not have it."""
         try:
             return await self._get_json("/model_info")
-        except UserError:
+        except EndpointMissing:
             return {}
 
     async def model_name(self) -> str:
-        data = (await self._get_json("/v1/models")).get("data") or []
-        if not data:
+        data = (await self._get_json("/v1/models")).get("data")
+        first = data[0] if isinstance(data, list) and data else None
+        if not isinstance(first, dict) or not isinstance(first.get("id"), str):
             raise UserError(f"{self.base_url}/v1/models lists no model")
-        return data[0]["id"]
+        return first["id"]
 
-    async def wait_healthy(self, timeout_s: float) -> None:
-        """Poll /health_generate until 200; bounded by timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        last = "no answer"
+    async def wait_healthy(self, timeout_s: float, note: Callable[[str], None]) -> None:
+        """Poll /health_generate until 200, bounded by timeout_s; `note` hears what is awaited,
+        at the first miss and every WAIT_NOTE_EVERY_S after."""
+        url = f"{self.base_url}/health_generate"
+        started = time.monotonic()
+        deadline = started + timeout_s
+        last, noted_at = "no answer", None
         while time.monotonic() < deadline:
             try:
-                response = await self._http.get("/health_generate", timeout=20.0)
+                response = await self._http.get("/health_generate", timeout=min(20.0, timeout_s))
                 if response.status_code == 200:
                     return
                 last = f"HTTP {response.status_code}"
             except httpx.HTTPError as err:
-                last = type(err).__name__
+                last = _exception_text(err)
+            now = time.monotonic()
+            if noted_at is None or now - noted_at >= WAIT_NOTE_EVERY_S:
+                noted_at = now
+                note(f"bench: waiting for {url} to answer 200 ({now - started:.0f}s of {timeout_s:g}s; "
+                     f"now: {last})")
             await asyncio.sleep(1.0)
-        raise UserError(f"{self.base_url} not healthy after {timeout_s:.0f}s (last: {last})")
+        raise UserError(f"{self.base_url} not healthy after {timeout_s:g}s: {url} never answered 200 (last: {last})")
 
     async def flush_cache(self, attempts: int = 10) -> None:
         """POST /flush_cache so the server's averages cover one cell.
@@ -182,11 +205,15 @@ class ServerClient:
                     if data == "[DONE]":
                         break
                     chunk = json.loads(data)
+                    if not isinstance(chunk, dict):
+                        raise ValueError(f"stream chunk {json.dumps(chunk)[:40]} is not a JSON object")
                     if "error" in chunk:
                         record.error = f"stream error: {json.dumps(chunk['error'])[:200]}"
                         return record
                     now = time.perf_counter()
                     meta = chunk.get("meta_info") or {}
+                    if not isinstance(meta, dict):
+                        raise ValueError("stream chunk's meta_info is not an object")
                     tokens = int(meta.get("completion_tokens") or 0)
                     if tokens > record.completion_tokens:
                         if record.ttft_s is None:
@@ -199,8 +226,10 @@ class ServerClient:
                     # Cumulative per request; a chunk without it must not reset the count.
                     record.spec_verify_ct = max(record.spec_verify_ct, int(meta.get("spec_verify_ct") or 0))
                     piece = chunk.get("text") or ""
+                    if not isinstance(piece, str):
+                        raise ValueError("stream chunk's text is not a string")
                     record.text = record.text + piece if incremental_text else (piece or record.text)
-        except (httpx.HTTPError, json.JSONDecodeError, ValueError) as err:
+        except (httpx.HTTPError, ValueError, TypeError) as err:  # TypeError: a count that is no number
             record.error = _exception_text(err)
             return record
         record.latency_s = time.perf_counter() - start
@@ -217,14 +246,16 @@ class ServerClient:
             response = await self._http.post("/v1/chat/completions", json=payload)
             if response.status_code != 200:
                 return ChatRecord(ok=False, error=_error_text(response, response.content))
-            body = response.json()
-            message = body["choices"][0]["message"]
-        except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+            message, tokens = _chat_answer(response.json())
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
             return ChatRecord(ok=False, error=_exception_text(err))
-        usage = body.get("usage") or {}
-        return ChatRecord(
-            ok=True,
-            message=message,
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            latency_s=time.perf_counter() - start,
-        )
+        return ChatRecord(ok=True, message=message, completion_tokens=tokens, latency_s=time.perf_counter() - start)
+
+
+def _chat_answer(body) -> tuple[dict, int]:
+    """(message, completion tokens) of a chat completion; ValueError for any other shape."""
+    message = body["choices"][0]["message"]
+    usage = body.get("usage") or {}
+    if not isinstance(message, dict) or not isinstance(usage, dict):
+        raise ValueError("chat completion without a message object")
+    return message, int(usage.get("completion_tokens") or 0)

@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree.bench.cells import CellProgress
 from k26_ddtree.bench.client import ServerClient
 from k26_ddtree.bench.extract import REASONING_START_MARKERS, Extraction, extract_code, extract_from_chat
-from k26_ddtree.bench.progress import Progress
-from k26_ddtree.bench.sandbox import detect_isolation, run_tests
+from k26_ddtree.bench.isolation import Isolation, detect_isolation
+from k26_ddtree.bench.sandbox import run_tests
 from k26_ddtree.bench.tasks import CodingTask
 from k26_ddtree.errors import UserError
 
@@ -27,6 +28,7 @@ class EvalSettings:
     concurrency: int
     test_timeout_s: float
     tokenizer: str | None  # chat template for /generate; None: try the server's own tokenizer path
+    allow_unsandboxed: bool = False  # --eval-unsandboxed: without bubblewrap, grade in a plain process
 
     def __post_init__(self):
         unknown = [e for e in self.endpoints if e not in ENDPOINTS]
@@ -61,7 +63,8 @@ class ChatTemplate:
 def load_chat_template(explicit: str | None, server_tokenizer_path: str | None) -> ChatTemplate:
     """The tokenizer's chat template: --eval-tokenizer (errors are the user's), else the
     server's tokenizer path when it exists on this machine, else plain text (noted)."""
-    local = server_tokenizer_path if server_tokenizer_path and Path(server_tokenizer_path).exists() else None
+    local = (server_tokenizer_path if isinstance(server_tokenizer_path, str) and server_tokenizer_path
+             and Path(server_tokenizer_path).exists() else None)
     candidate = explicit or local
     if candidate is None:
         return ChatTemplate(None, "plain text (no tokenizer on this machine: pass --eval-tokenizer)")
@@ -106,7 +109,8 @@ async def _ask_generate(
     return _Answer(True, None, extraction, record.completion_tokens, record.spec_verify_ct)
 
 
-async def _eval_endpoint(endpoint: str, ask, settings: EvalSettings, progress: Progress) -> dict:
+async def _eval_endpoint(endpoint: str, ask, settings: EvalSettings, isolation: Isolation,
+                         progress: CellProgress) -> dict:
     progress.start_cell(f"eval {endpoint}", len(settings.tasks))
     gate = asyncio.Semaphore(settings.concurrency)
 
@@ -126,7 +130,8 @@ async def _eval_endpoint(endpoint: str, ask, settings: EvalSettings, progress: P
         elif answer.extraction.code is None:
             passed, reason = False, f"no code: {answer.extraction.reason}"
         else:
-            outcome = run_tests(answer.extraction.code, task.tests, timeout_s=settings.test_timeout_s)
+            outcome = run_tests(answer.extraction.code, task.tests, timeout_s=settings.test_timeout_s,
+                                isolation=isolation)
             passed, reason = outcome.passed, outcome.reason
         results.append(
             {
@@ -155,13 +160,14 @@ async def _eval_endpoint(endpoint: str, ask, settings: EvalSettings, progress: P
     return summary
 
 
-async def run_coding_eval(client: ServerClient, settings: EvalSettings, progress: Progress) -> dict:
+async def run_coding_eval(client: ServerClient, settings: EvalSettings, progress: CellProgress) -> dict:
     """The run's `coding_eval` object (schema in bench/results/README.md)."""
+    isolation = detect_isolation(settings.allow_unsandboxed)
     result = {
         "tasks": [t.id for t in settings.tasks],
         "max_tokens": settings.max_tokens,
         "temperature": settings.temperature,
-        "sandbox": detect_isolation().note,
+        "sandbox": isolation.note,
         "endpoints": {},
     }
     for endpoint in settings.endpoints:
@@ -174,5 +180,5 @@ async def run_coding_eval(client: ServerClient, settings: EvalSettings, progress
             result["generate_prompt"] = template.description
             incremental = bool((await client.server_info()).get("incremental_streaming_output"))
             ask = functools.partial(_ask_generate, client, template, incremental, settings)
-        result["endpoints"][endpoint] = await _eval_endpoint(endpoint, ask, settings, progress)
+        result["endpoints"][endpoint] = await _eval_endpoint(endpoint, ask, settings, isolation, progress)
     return result

@@ -6,9 +6,9 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from k26_ddtree.bench.cells import CellProgress
 from k26_ddtree.bench.client import GenerateRecord, ServerClient
 from k26_ddtree.bench.metrics import summarize_cell
-from k26_ddtree.bench.progress import Progress
 from k26_ddtree.bench.prompts import PromptFactory
 from k26_ddtree.bench.results import RunWriter
 from k26_ddtree.errors import UserError
@@ -48,7 +48,7 @@ async def _drive(
     concurrency: int,
     sampling: dict,
     records: list[GenerateRecord],
-    progress: Progress | None,
+    progress: CellProgress | None,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
 
@@ -86,7 +86,7 @@ async def run_matrix(
     settings: MatrixSettings,
     factory: PromptFactory,
     writer: RunWriter,
-    progress: Progress,
+    progress: CellProgress,
 ) -> None:
     """Run every cell in order, appending each finished cell to the run and saving it.
 

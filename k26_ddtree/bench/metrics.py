@@ -33,12 +33,13 @@ def distribution_ms(values_s: list[float]) -> dict:
 
 def server_accept_length(server_info: dict | None) -> float | None:
     """The server's own avg_spec_accept_length (mean over data-parallel ranks)."""
-    if not server_info:
+    states = (server_info or {}).get("internal_states")
+    if not isinstance(states, list):
         return None
     values = [
         float(state["avg_spec_accept_length"])
-        for state in server_info.get("internal_states") or []
-        if isinstance(state, dict) and state.get("avg_spec_accept_length") is not None
+        for state in states
+        if isinstance(state, dict) and isinstance(state.get("avg_spec_accept_length"), (int, float))
     ]
     return fmean(values) if values else None
 

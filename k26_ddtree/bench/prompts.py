@@ -1,8 +1,10 @@
 """Benchmark prompts: token-id prompts of an exact length, or windows of a local text file.
 
-Token-id prompts follow the pinned SGLang's `random-ids` dataset: each prompt
-is a run of consecutive ids from a random offset, wrapped into a safe id
-range, so no tokenizer and no download are needed and the length is exact.
+Token-id prompts follow the pinned SGLang's `random-ids` dataset: each prompt is a run of
+consecutive ids from a random offset, wrapped into an id range, so no tokenizer and no
+download are needed and the length is exact. The range always lies inside the served
+model's vocabulary (`vocab.py`) and skips its special ids: one id past the end takes the
+server down.
 """
 
 from __future__ import annotations
@@ -11,34 +13,29 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree.bench.vocab import Vocabulary
 from k26_ddtree.errors import UserError
 
-# Low ids hold special and control tokens in most vocabularies; the top of
-# Kimi's vocabulary (163584+) holds its chat markers. Stay between them.
+# Low ids hold special and control tokens in most vocabularies; the top of Kimi's
+# vocabulary (163584+) holds its chat markers. Stay between them when the user names no range.
 DEFAULT_ID_LOW = 1000
 DEFAULT_ID_HIGH = 30000
 
 
 @dataclass(frozen=True)
 class PromptSource:
-    """Where prompts come from; `describe()` goes into the run JSON."""
+    """Where prompts come from (the flags); `PromptFactory.describe()` records what was used."""
 
     seed: int
-    id_low: int = DEFAULT_ID_LOW
-    id_high: int = DEFAULT_ID_HIGH
+    id_range: tuple[int, int] | None = None  # --id-range; None: the default range, cut to the vocabulary
+    vocab_size: int | None = None  # --vocab-size, for a server whose model folder is not on this machine
     text_file: Path | None = None
     tokenizer: str | None = None
 
-    def describe(self) -> dict:
-        if self.text_file is None:
-            return {"kind": "random-ids", "seed": self.seed, "id_range": [self.id_low, self.id_high]}
-        return {
-            "kind": "text-file",
-            "seed": self.seed,
-            "file": str(self.text_file),
-            "tokenizer": self.tokenizer,
-            "exact_length": self.tokenizer is not None,
-        }
+    @property
+    def needs_vocabulary(self) -> bool:
+        """Whether prompts carry token ids (text prompts are tokenized by the server itself)."""
+        return self.text_file is None or self.tokenizer is not None
 
 
 def parse_id_range(text: str) -> tuple[int, int]:
@@ -52,10 +49,29 @@ def parse_id_range(text: str) -> tuple[int, int]:
     return low, high
 
 
-def _random_ids(rng: random.Random, length: int, low: int, high: int) -> list[int]:
-    span = high - low
-    offset = rng.randrange(span)
-    return [low + (offset + j) % span for j in range(length)]
+def prompt_ids(requested: tuple[int, int] | None, vocabulary: Vocabulary) -> list[int]:
+    """The ids random-ids prompts draw from: the range, inside the vocabulary, without special ids."""
+    size, source = vocabulary.size, vocabulary.source
+    if requested is None:
+        low, high = DEFAULT_ID_LOW, min(DEFAULT_ID_HIGH, size)
+        if low >= high:
+            raise UserError(f"the served model has {size} token ids ({source}), fewer than the default "
+                            f"--id-range {DEFAULT_ID_LOW}:{DEFAULT_ID_HIGH} needs: pass --id-range LOW:HIGH "
+                            f"with HIGH <= {size}")
+    else:
+        low, high = requested
+        if high > size:
+            raise UserError(f"--id-range {low}:{high} reaches past the served model's {size} token ids "
+                            f"({source}): use HIGH <= {size}")
+    ids = [i for i in range(low, high) if i not in vocabulary.special_ids]
+    if not ids:
+        raise UserError(f"--id-range {low}:{high} holds only special ids of the served model")
+    return ids
+
+
+def _random_ids(rng: random.Random, length: int, ids: list[int]) -> list[int]:
+    offset = rng.randrange(len(ids))
+    return [ids[(offset + j) % len(ids)] for j in range(length)]
 
 
 def _load_tokenizer(name: str):
@@ -70,12 +86,18 @@ def _load_tokenizer(name: str):
 
 
 class PromptFactory:
-    """Builds request bodies' prompt part: {"input_ids": [...]} or {"text": "..."}."""
+    """Builds request bodies' prompt part: {"input_ids": [...]} or {"text": "..."}.
+
+    The text file is read at once (a bad --prompt-file fails before the server is asked);
+    prompts with token ids need `limit_to(vocabulary)` first.
+    """
 
     def __init__(self, source: PromptSource):
         self.source = source
         self._file_tokens: list[int] | None = None
         self._file_words: list[str] | None = None
+        self._ids: list[int] | None = None
+        self._vocabulary: Vocabulary | None = None
         if source.text_file is not None:
             try:
                 text = source.text_file.read_text(errors="replace")
@@ -88,8 +110,36 @@ class PromptFactory:
             else:
                 self._file_words = text.split()
 
+    def limit_to(self, vocabulary: Vocabulary) -> None:
+        """Keep every prompt's ids inside `vocabulary`, or refuse (UserError) when they cannot be."""
+        if self._file_tokens is not None:
+            past = max(self._file_tokens)
+            if past >= vocabulary.size:
+                raise UserError(f"--tokenizer {self.source.tokenizer} gives token id {past}, past the served "
+                                f"model's {vocabulary.size} ids ({vocabulary.source}): use the model's own tokenizer")
+        elif self._file_words is None:
+            self._ids = prompt_ids(self.source.id_range, vocabulary)
+        self._vocabulary = vocabulary
+
+    def describe(self) -> dict:
+        """The prompt settings the run used (goes into the run JSON)."""
+        vocabulary = self._vocabulary.describe() if self._vocabulary else None
+        if self.source.text_file is None:
+            return {"kind": "random-ids", "seed": self.source.seed, "id_range": [self._ids[0], self._ids[-1] + 1],
+                    "vocabulary": vocabulary}
+        return {
+            "kind": "text-file",
+            "seed": self.source.seed,
+            "file": str(self.source.text_file),
+            "tokenizer": self.source.tokenizer,
+            "exact_length": self.source.tokenizer is not None,
+            "vocabulary": vocabulary,
+        }
+
     def prompts(self, context: int, count: int, salt: str) -> list[dict]:
         """`count` prompts of `context` tokens; the same (seed, context, salt) gives the same prompts."""
+        if self.source.needs_vocabulary and self._vocabulary is None:
+            raise RuntimeError("token-id prompts before limit_to(vocabulary)")
         rng = random.Random(f"{self.source.seed}:{context}:{salt}")
         if self._file_tokens is not None:
             return [{"input_ids": self._window(rng, self._file_tokens, context)} for _ in range(count)]
@@ -97,9 +147,7 @@ class PromptFactory:
             # Without a tokenizer a word stands in for a token; the server's
             # prompt_tokens (recorded per cell) says what was really sent.
             return [{"text": " ".join(self._window(rng, self._file_words, context))} for _ in range(count)]
-        return [
-            {"input_ids": _random_ids(rng, context, self.source.id_low, self.source.id_high)} for _ in range(count)
-        ]
+        return [{"input_ids": _random_ids(rng, context, self._ids)} for _ in range(count)]
 
     @staticmethod
     def _window(rng: random.Random, items: list, length: int) -> list:

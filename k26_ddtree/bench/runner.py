@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree.bench.cells import CellProgress
 from k26_ddtree.bench.client import ServerClient
 from k26_ddtree.bench.coding_eval import EvalSettings, run_coding_eval
 from k26_ddtree.bench.harness import MatrixSettings, run_matrix
-from k26_ddtree.bench.progress import Progress
 from k26_ddtree.bench.prompts import PromptFactory, PromptSource
 from k26_ddtree.bench.results import RunWriter, algorithm_of, git_sha, new_run_id, run_label, scrub_secrets, utc_now
+from k26_ddtree.bench.vocab import served_vocabulary
 from k26_ddtree.errors import UserError
+from k26_ddtree.fetch.progress import Reporter
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class RunOptions:
         return max(matrix, evaluation) + 4
 
 
-def _new_run(options: RunOptions, server_info: dict) -> dict:
+def _new_run(options: RunOptions, server_info: dict, factory: PromptFactory | None) -> dict:
     budget = options.budget if options.budget is not None else server_info.get("speculative_ddtree_budget")
     topk = options.topk if options.topk is not None else server_info.get("speculative_ddtree_topk")
     return {
@@ -58,7 +61,7 @@ def _new_run(options: RunOptions, server_info: dict) -> dict:
         "model": server_info.get("served_model_name") or server_info.get("model_path"),
         "settings": {
             "matrix": options.matrix.describe() if options.matrix else None,
-            "prompts": options.prompts.describe() if options.prompts else None,
+            "prompts": factory.describe() if factory else None,
             "request_timeout_s": options.request_timeout_s,
         },
         "server_info": server_info,
@@ -69,17 +72,21 @@ def _new_run(options: RunOptions, server_info: dict) -> dict:
 
 async def _run(options: RunOptions, holder: dict) -> None:
     factory = PromptFactory(options.prompts) if options.matrix else None  # a bad --prompt-file fails first
+    reporter = Reporter(sys.stderr, quiet=options.quiet)
     client = ServerClient(options.url, options.api_key, options.request_timeout_s, options.max_connections())
     async with client:
-        await client.wait_healthy(options.ready_timeout_s)
+        await client.wait_healthy(options.ready_timeout_s, reporter.line)
         server_info = scrub_secrets(await client.server_info())
-        writer = RunWriter(options.out, _new_run(options, server_info))
+        if factory is not None and options.prompts.needs_vocabulary:
+            model_info = await client.model_info()
+            factory.limit_to(served_vocabulary(options.prompts.vocab_size, model_info, server_info, options.url))
+        writer = RunWriter(options.out, _new_run(options, server_info, factory))
         holder["writer"] = writer
         writer.save()
         cells = len(options.matrix.contexts) * len(options.matrix.concurrencies) if options.matrix else 0
         endpoints = len(options.coding_eval.endpoints) if options.coding_eval else 0
-        progress = Progress(cells + endpoints, quiet=options.quiet)
-        progress.note(f"bench: {writer.run['label']} at {options.url} -> {options.out}")
+        progress = CellProgress(cells + endpoints, reporter)
+        reporter.line(f"bench: {writer.run['label']} at {options.url} -> {options.out}")
         if options.matrix:
             await run_matrix(client, options.matrix, factory, writer, progress)
         if options.coding_eval:

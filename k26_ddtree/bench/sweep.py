@@ -63,8 +63,13 @@ def _reconfigure(plan: SweepPlan, budget: int, topk: int) -> str | None:
     return None if done.returncode == 0 else f"reconfigure exited {done.returncode}"
 
 
+def _recorded_run_ids(path) -> set[str]:
+    return {r["run_id"] for r in load_results(path)["runs"]} if path.exists() else set()
+
+
 def run_sweep(plan: SweepPlan, base: RunOptions) -> int:
     """Every config in turn; a failed reconfigure is reported and the sweep goes on."""
+    recorded_before = _recorded_run_ids(base.out)
     failed: list[str] = []
     run_ids: list[str] = []
     for budget in plan.budgets:
@@ -93,5 +98,7 @@ def run_sweep(plan: SweepPlan, base: RunOptions) -> int:
     summary_path = base.out.with_suffix(".sweep.md")
     atomic.write_text(summary_path, summary)
     print(summary)
-    print(f"sweep: results in {base.out}, summary in {summary_path}", file=sys.stderr)
+    added = len(_recorded_run_ids(base.out) - recorded_before)
+    results = f"{added} run(s) recorded in {base.out}" if added else f"no run recorded, nothing written to {base.out}"
+    print(f"sweep: {results}; summary in {summary_path}", file=sys.stderr)
     return 0 if not failed and all(not c["has_errors"] for r in runs for c in r["cells"]) else 1

@@ -187,6 +187,7 @@ class RepoFetch:
                 self.reporter.line(f"  differs       {verdict.file.path}: "
                                    f"{describe_mismatch(verdict.file, verdict.digests)}; downloading it")
                 differ.append(verdict.file)
+        self.reporter.finish(meter)
         return differ
 
     def _hash(self, path: Path, file: RepoFile, meter: TotalMeter | None) -> Verdict:
@@ -247,8 +248,7 @@ class RepoFetch:
                     self.reporter.line(f"  BAD     {file.path}: {describe_mismatch(file, verdict.digests)} "
                                        "again; giving up on it")
                     failed.append(file.path)
-        self.reporter.tick(meter, force=True)
-        self.reporter.line(meter.summary())
+        self.reporter.finish(meter)
         return failed
 
     def _settle_partials(self, files: list[RepoFile]) -> list[RepoFile]:

@@ -159,11 +159,11 @@ def verify_model(model_dir: Path, reporter: Reporter, workers: int = 4) -> None:
             reporter.line(f"  ok       {rel}  {human_bytes(digests.size)}")
             verified.append({"path": rel, "size": digests.size, "sha256": digests.sha256,
                              "git_oid": None, "mtime_ns": (model_dir / rel).stat().st_mtime_ns})
+    reporter.finish(meter)
     if bad:
         bad.sort()
         raise UserError(f"{len(bad)} of {len(entries)} files failed verification in {model_dir}: "
                         + ", ".join(bad), code=1)
-    reporter.line(meter.summary())
     _refresh_stamp(model_dir, verified)
 
 

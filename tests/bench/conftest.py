@@ -1,4 +1,5 @@
-"""The stand-in SGLang server on 127.0.0.1, started as a real subprocess per test."""
+"""The stand-in SGLang server on 127.0.0.1, started as a real subprocess per test (serving a
+model folder whose config.json names its vocabulary), and the eval's sandbox."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from model_server import write_model_folder
+
+from k26_ddtree.bench.isolation import detect_isolation
+from k26_ddtree.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standin"
 START_TIMEOUT_S = 30
+STANDIN_VOCAB = 32000
 
 
 def free_port() -> int:
@@ -56,6 +62,9 @@ def standin(tmp_path):
     def start(env: dict | None = None, args: list[str] | None = None) -> StandIn:
         port = free_port()
         log = tmp_path / f"standin-{port}.log"
+        args = list(args or [])
+        if "--model-path" not in args:
+            args += ["--model-path", str(write_model_folder(tmp_path / f"model-{port}", STANDIN_VOCAB))]
         full_env = {
             **os.environ,
             "PYTHONPATH": str(STANDIN),
@@ -66,7 +75,7 @@ def standin(tmp_path):
         }
         with open(log, "w") as handle:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *(args or [])],
+                [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *args],
                 env=full_env,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
@@ -85,3 +94,12 @@ def standin(tmp_path):
             except subprocess.TimeoutExpired:
                 server.proc.kill()
                 server.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def isolation():
+    """The sandbox the eval would use; the test is skipped, saying why, where bubblewrap cannot run."""
+    try:
+        return detect_isolation()
+    except UserError as err:
+        pytest.skip(f"no sandbox on this machine: {err}")

@@ -19,7 +19,7 @@ def test_at_least_ten_tasks_with_references():
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.id)
-def test_reference_passes_and_stub_fails(task):
+def test_reference_passes_and_stub_fails(task, isolation):
     assert task.entry_point in task.prompt
     assert run_tests(REFERENCE[task.id], task.tests).passed, task.id
     stub = f"def {task.entry_point}(*args, **kwargs):\n    return None\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -53,9 +54,9 @@ def outcome(endpoint_result: dict) -> dict:
 
 
 @pytest.mark.parametrize("server_args", [[], ["--incremental-streaming-output"]], ids=["cumulative", "incremental"])
-def test_eval_without_reasoning_parser(standin, tmp_path, server_args):
+def test_eval_without_reasoning_parser(standin, tmp_path, server_args, isolation):
     evaluation = run_eval(standin, tmp_path, {}, "chat,generate", server_args)
-    assert evaluation["tasks"] == TASKS and "audit hook" in evaluation["sandbox"]
+    assert evaluation["tasks"] == TASKS and evaluation["sandbox"] == isolation.note
     assert evaluation["generate_prompt"].startswith("plain text")
     for endpoint in ("chat", "generate"):
         result = evaluation["endpoints"][endpoint]
@@ -77,7 +78,7 @@ def test_eval_without_reasoning_parser(standin, tmp_path, server_args):
     assert "| roman_to_int | FAIL | FAIL |" in report and not list(report_dir.glob("*.png"))
 
 
-def test_eval_with_reasoning_parser(standin, tmp_path):
+def test_eval_with_reasoning_parser(standin, tmp_path, isolation):
     evaluation = run_eval(standin, tmp_path, {"STANDIN_REASONING_PARSER": "1"}, "chat")
     got = outcome(evaluation["endpoints"]["chat"])
     assert got["run_length_encode"] == (True, "passed")
@@ -86,7 +87,7 @@ def test_eval_with_reasoning_parser(standin, tmp_path):
     assert list(evaluation["endpoints"]) == ["chat"]
 
 
-def test_run_with_eval_flag(standin, tmp_path):
+def test_run_with_eval_flag(standin, tmp_path, isolation):
     server = standin()
     out = tmp_path / "both.json"
     assert main(["bench", "run", "--url", server.url, "--out", str(out), "--contexts", "16", "--concurrency", "1",
@@ -94,6 +95,19 @@ def test_run_with_eval_flag(standin, tmp_path):
                  "--task", "flatten", "--quiet"]) == 0
     run = json.loads(out.read_text())["runs"][0]
     assert len(run["cells"]) == 1 and run["coding_eval"]["endpoints"]["generate"]["total"] == 1
+
+
+@pytest.mark.parametrize("command", [["eval"], ["run", "--eval"]], ids=["eval", "run-eval"])
+def test_without_bubblewrap_the_eval_refuses_before_anything_runs(tmp_path, command):
+    """PATH without bwrap; the server URL is closed, so a refusal after waiting would take 60s."""
+    done = subprocess.run([sys.executable, "-m", "k26_ddtree", "bench", *command, "--url", "http://127.0.0.1:9",
+                           "--out", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": str(tmp_path)})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("k26-deploy: error: the coding eval runs model-written code only inside "
+                                  "bubblewrap, and bwrap is not installed: install it (apt-get install bubblewrap) "
+                                  "or pass --eval-unsandboxed")
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_python_dash_m_bench_from_the_repo_root():

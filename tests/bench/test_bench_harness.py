@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -137,8 +138,32 @@ def test_unreachable_server_is_one_line_error(tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_waiting_for_the_server_says_what_it_waits_for(tmp_path, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k26_ddtree", "bench", "--url", closed, "--out", str(tmp_path / "x.json"),
+         "--ready-timeout", "30"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        ready, _, _ = select.select([proc.stderr], [], [], 15)
+        assert ready, "15s of silence while waiting for the server"
+        first = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert first.startswith(f"bench: waiting for {closed}/health_generate to answer 200 (0s of 30s; now: Connect")
+    assert main(["bench", "--url", closed, "--out", str(tmp_path / "x.json"), "--ready-timeout", "1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"bench: waiting for {closed}/health_generate") and err[-1].startswith(
+        f"k26-deploy: error: {closed} not healthy after 1s: {closed}/health_generate never answered 200 "
+        "(last: Connect")
+
+
 def test_ctrl_c_keeps_finished_cells(standin, tmp_path):
-    server = standin(env={"STANDIN_TOKENS_PER_S": "400"})
+    server = standin(env={"STANDIN_TOKENS_PER_S": "100"})
     out = tmp_path / "interrupted.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "k26_ddtree", "bench", "--url", server.url, "--out", str(out),

@@ -6,19 +6,47 @@ import pytest
 
 from k26_ddtree.bench.client import GenerateRecord
 from k26_ddtree.bench.metrics import percentile, server_accept_length, summarize_cell
-from k26_ddtree.bench.prompts import PromptFactory, PromptSource, parse_id_range
+from k26_ddtree.bench.prompts import PromptFactory, PromptSource, parse_id_range, prompt_ids
+from k26_ddtree.bench.vocab import Vocabulary
 from k26_ddtree.errors import UserError
 
 
+VOCAB = Vocabulary(32000, frozenset(), "test")
+
+
+def ids_factory(seed: int, id_range=(100, 200), vocabulary: Vocabulary = VOCAB) -> PromptFactory:
+    factory = PromptFactory(PromptSource(seed=seed, id_range=id_range))
+    factory.limit_to(vocabulary)
+    return factory
+
+
 def test_random_ids_are_exact_deterministic_and_in_range():
-    factory = PromptFactory(PromptSource(seed=7, id_low=100, id_high=200))
+    factory = ids_factory(7)
     first = factory.prompts(150, 5, salt="measure")
-    assert first == PromptFactory(PromptSource(seed=7, id_low=100, id_high=200)).prompts(150, 5, salt="measure")
+    assert first == ids_factory(7).prompts(150, 5, salt="measure")
     assert first != factory.prompts(150, 5, salt="warmup")
-    assert first != PromptFactory(PromptSource(seed=8, id_low=100, id_high=200)).prompts(150, 5, salt="measure")
+    assert first != ids_factory(8).prompts(150, 5, salt="measure")
     for prompt in first:
         assert len(prompt["input_ids"]) == 150
         assert all(100 <= i < 200 for i in prompt["input_ids"])
+
+
+def test_ids_stay_inside_the_vocabulary_and_skip_special_ids():
+    small = Vocabulary(2048, frozenset({1, 2, *range(2000, 2048)}), "config.json of /m")
+    factory = ids_factory(1, None, small)
+    assert factory.describe()["id_range"] == [1000, 2000]
+    ids = {i for p in factory.prompts(4096, 4, salt="m") for i in p["input_ids"]}
+    assert ids == set(range(1000, 2000))
+    assert set(prompt_ids((0, 10), small)) == set(range(10)) - {1, 2}
+    with pytest.raises(UserError, match="--id-range 1000:30000 reaches past the served model's 2048 token ids "
+                                        r"\(config.json of /m\): use HIGH <= 2048"):
+        prompt_ids((1000, 30000), small)
+    with pytest.raises(UserError, match="has 500 token ids .* fewer than the default --id-range 1000:30000"):
+        prompt_ids(None, Vocabulary(500, frozenset(), "--vocab-size"))
+    with pytest.raises(UserError, match="holds only special ids"):
+        prompt_ids((1, 3), small)
+    with pytest.raises(RuntimeError):
+        PromptFactory(PromptSource(seed=1)).prompts(4, 1, salt="m")
 
 
 def test_text_file_prompts(tmp_path):

@@ -70,9 +70,23 @@ def test_sweep_runs_reconfigure_per_config_and_picks_winners(standin, tmp_path, 
     summary = out.with_suffix(".sweep.md").read_text()
     assert "Best config per concurrency" in summary
     assert "budget 8 topk 8: reconfigure exited 3" in summary
-    assert summary in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert summary in captured.out
+    assert f"sweep: 3 run(s) recorded in {out}; summary in {out.with_suffix('.sweep.md')}" in captured.err
     rows = [line for line in summary.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")]
     assert len(rows) == 2 and all("DDTREE b" in row for row in rows)
+
+
+def test_a_sweep_where_no_config_finished_says_nothing_was_written(tmp_path, capsys):
+    out = tmp_path / "sw.json"
+    code = main(["bench", "sweep", "--budget", "4,8", "--topk", "4", "--reconfigure-cmd", "{python} -c 'exit(3)'",
+                 "--url", "http://127.0.0.1:9", "--out", str(out), "--contexts", "16", "--concurrency", "1",
+                 "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and not out.exists()
+    assert f"sweep: no run recorded, nothing written to {out}; summary in {out.with_suffix('.sweep.md')}" in err
+    assert "results in" not in err
+    assert "budget 8 topk 4: reconfigure exited 3" in out.with_suffix(".sweep.md").read_text()
 
 
 def test_sweep_default_command_uses_this_interpreter():
