@@ -3,7 +3,7 @@ progress display: a bar of requests per cell on a terminal, one summary line per
 
 from __future__ import annotations
 
-from k26_ddtree.fetch.progress import Reporter, TotalMeter
+from k26_ddtree.progress import Reporter, TotalMeter
 
 
 class CellProgress:

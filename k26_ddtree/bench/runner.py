@@ -15,7 +15,7 @@ from k26_ddtree.bench.prompts import PromptFactory, PromptSource
 from k26_ddtree.bench.results import RunWriter, algorithm_of, git_sha, new_run_id, run_label, scrub_secrets, utc_now
 from k26_ddtree.bench.vocab import served_vocabulary
 from k26_ddtree.errors import UserError
-from k26_ddtree.fetch.progress import Reporter
+from k26_ddtree.progress import Reporter
 
 
 @dataclass(frozen=True)

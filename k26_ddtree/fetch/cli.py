@@ -81,7 +81,7 @@ def fetch_model(args) -> int:
     from k26_ddtree.fetch.fetcher import RepoFetch
     from k26_ddtree.cli.checks import http_url
     from k26_ddtree.fetch.hub import check_repo_id, default_endpoint, fetch_snapshot
-    from k26_ddtree.fetch.progress import Reporter
+    from k26_ddtree.progress import Reporter
     from k26_ddtree.fetch.token import load_token
 
     if not 1 <= args.connections <= 16:
@@ -123,7 +123,7 @@ def fetch_model(args) -> int:
 
 def verify_model(args) -> int:
     from k26_ddtree.fetch.modeldir import verify_model as verify
-    from k26_ddtree.fetch.progress import Reporter
+    from k26_ddtree.progress import Reporter
 
     verify(args.dir.resolve(), Reporter())
     return 0

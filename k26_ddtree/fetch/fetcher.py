@@ -25,7 +25,7 @@ from k26_ddtree.fetch import modeldir
 from k26_ddtree.fetch.aria2 import Aria2Job, Aria2Process, Aria2Settings, control_file
 from k26_ddtree.hashing import Digests, file_digests
 from k26_ddtree.fetch.hub import RepoFile, RepoSnapshot, resolve_url
-from k26_ddtree.fetch.progress import Reporter, TotalMeter, as_they_finish, human_bytes
+from k26_ddtree.progress import Reporter, TotalMeter, as_they_finish, human_bytes
 
 PARTIAL_NAME = ".partial"
 _POLL_S = 0.5

@@ -18,7 +18,7 @@ from pathlib import Path
 from k26_ddtree import atomic, hashing
 from k26_ddtree.errors import UserError
 from k26_ddtree.fetch.hub import DEFAULT_DRAFTER_REPO, DEFAULT_MODEL_REPO
-from k26_ddtree.fetch.progress import Reporter, TotalMeter, as_they_finish, human_bytes
+from k26_ddtree.progress import Reporter, TotalMeter, as_they_finish, human_bytes
 from k26_ddtree.hashing import file_digests
 
 SUMS_NAME = "SHA256SUMS"

@@ -14,7 +14,7 @@ import termios
 
 from k26_ddtree.bench import cells
 from k26_ddtree.fetch import fetcher, modeldir
-from k26_ddtree.fetch.progress import Reporter, TotalMeter
+from k26_ddtree.progress import Reporter, TotalMeter
 
 
 class Terminal(io.StringIO):
