@@ -409,9 +409,10 @@ def oracle_agreement(carried: Path, reference: dict) -> dict:
 
 # --- reuse across device calls ---------------------------------------------------------------------
 
-def fingerprint(site: Path, models: Path) -> str:
-    """What a reused server must share with this run: the k26_ddtree it runs and the model pair."""
-    digest = hashlib.sha256()
+def fingerprint(site: Path, models: Path, settings: dict) -> str:
+    """What a reused server must share with this run: the k26_ddtree it runs, the model pair and
+    the server settings."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for path in sorted((site / "k26_ddtree").rglob("*.py")):
         digest.update(str(path.relative_to(site)).encode() + path.read_bytes())
     for name in ("train_report.json", "prompts.json"):
@@ -422,12 +423,20 @@ def fingerprint(site: Path, models: Path) -> str:
 
 def load_kept(state: Path, expected: str) -> dict:
     """{name: {"port", "pid", "launched_at"}} of the servers an earlier run left running for this
-    code and models; {} when there is no state or it is for something else."""
+    code, models and settings. Servers kept for anything else are stopped: they would hold GPU
+    memory and ports, and nothing can use them."""
     try:
         kept = json.loads(state.read_text())
     except (OSError, ValueError):
         return {}
-    return kept.get("servers", {}) if kept.get("fingerprint") == expected else {}
+    if kept.get("fingerprint") == expected:
+        return kept.get("servers", {})
+    for name, old in kept.get("servers", {}).items():
+        stale = Server(matrix.parse_server(name), int(old["port"]), Path(os.devnull), pid=int(old["pid"]))
+        say(f"stopping {name} (pid {stale.pid}), kept by a run of other code, models or settings")
+        stop(stale)
+    state.unlink(missing_ok=True)
+    return {}
 
 
 class Stagger:
@@ -462,7 +471,7 @@ class MatrixRun:
         if args.only:
             names = [n for n in names if n in args.only or n == "ar"]
         self.is_speed = str(args.run) in self.spec.get("speed_runs", [])
-        self.settings = dict(self.spec["server"], **(self.spec.get("speed_server", {}) if self.is_speed else {}))
+        self.settings = dict(self.spec["server"], **self.spec.get("run_settings", {}).get(str(args.run), {}))
         prompts_doc = json.loads((args.models / "prompts.json").read_text())
         self.prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: self.spec["prompts"]]
         args.out.mkdir(parents=True, exist_ok=True)
@@ -479,7 +488,7 @@ class MatrixRun:
         self.speed: list[dict] = []
         self.stagger = Stagger(float(self.settings.get("launch_stagger_s", 0)))
         self.sampler = MemorySampler(self.servers)
-        self.fingerprint = fingerprint(args.site, args.models)
+        self.fingerprint = fingerprint(args.site, args.models, self.settings)
 
     def time_left(self) -> float:
         return self.deadline - time.time()
@@ -715,6 +724,10 @@ class MatrixRun:
                   "servers": servers_out}
         if self.is_speed:
             report["speed"] = self.speed
+        for name in ("train_report", "acceptance"):
+            path = self.args.models / f"{name}.json"
+            if path.is_file():
+                report[name] = json.loads(path.read_text())
         if self.carried_oracle and self.reference:
             report["carried_oracle_vs_this_ar"] = oracle_agreement(self.carried_oracle, self.reference)
         report["overall"] = overall(servers_out, self.speed)

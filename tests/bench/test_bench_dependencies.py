@@ -11,7 +11,7 @@ from pathlib import Path
 import k26_ddtree
 
 PACKAGE = Path(k26_ddtree.__file__).parent
-MODULES = [*sorted((PACKAGE / "bench").glob("*.py")), PACKAGE / "fetch" / "progress.py"]
+MODULES = [*sorted((PACKAGE / "bench").glob("*.py")), PACKAGE / "progress.py"]
 
 
 def _optional(node: ast.Try) -> bool:

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # One proving-ground run on a GPU box with no network: bash tests/gpu/run.sh RUN
-#   RUN: a run in tests/gpu/matrix.json: 1, 2, 3 (23: runs 2 and 3 at once), final, profile,
-#   or validate (AR + DFLASH only).
-# Reads .gpu/ (carried): k26-site-py3.12-sm90.tar.xz (required); model.tar, jit-cache.tar.xz and
-# oracle.json (optional: without model.tar the model pair is trained here and written to $OUT/model.tar;
-# without oracle.json the -oracle servers start after this run's AR reference).
-# Writes under $OUT (default ./gpu-out): e2e-runRUN.json/.md, logs-runRUN.tar.xz, oracle-runRUN.json,
-# jit-cache.tar.xz, run.log (and model.tar when it trained).
+#   RUN: a run in tests/gpu/matrix.json: prove, speed-weak, speed-real (the speed tables), or the
+#   earlier matrix runs 1, 2, 3 (23: runs 2 and 3 at once), final, profile, validate.
+# Reads .gpu/ (carried): k26-site-py3.12-sm90.tar.xz (required); model.tar.xz, jit-cache.tar.xz and
+# oracle.json (optional: without model.tar.xz the model pairs are trained here and written to
+# $OUT/model.tar.xz; without oracle.json the -oracle servers start after this run's AR reference).
+# A warm machine (a device call within ~30 s of the last) still has /tmp/k26 and the servers an
+# earlier run kept (K26_E2E_ARGS="--keep-for RUN"): the installed site, the models and the JIT
+# caches are then reused as they are, and so are those servers.
+# Writes under $OUT (default ./gpu-out), at most 8 files as the device tool brings back:
+# e2e-runRUN.json/.md (the JSON also holds the models' train report and offline acceptance table),
+# speed-runRUN.md for a speed run, logs-runRUN.tar.xz, oracle-runRUN.json, jit-cache.tar.xz, run.log
+# (graph_check's output included when it trained), and model.tar.xz when it trained.
 set -uo pipefail
 RUN=${1:?usage: bash tests/gpu/run.sh RUN}
 OUT=${OUT:-$PWD/gpu-out}
@@ -18,30 +23,49 @@ mkdir -p "$OUT" "$K"
 exec > >(tee -a "$OUT/run.log") 2>&1
 step() { echo "[run.sh $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
-step "install the offline bundle"
-rm -rf "$K/k26-bundle" "$K/site" "$K/site-ddtree"
-tar -xJf "$G"/k26-site-py3.12-sm90.tar.xz -C "$K" || exit 1
-sh "$K/k26-bundle/install.sh" "$K/site" || exit 1
+BUNDLE_SHA=$(cut -d' ' -f1 "$G"/k26-site-py3.12-sm90.tar.xz.sha256)
+if [ "$(cat "$K/site/.k26-bundle" 2>/dev/null)" = "$BUNDLE_SHA" ]; then
+  step "offline bundle already installed (warm machine): reusing $K/site"
+else
+  step "install the offline bundle"
+  rm -rf "$K/k26-bundle" "$K/site" "$K/site-ddtree"
+  tar -xJf "$G"/k26-site-py3.12-sm90.tar.xz -C "$K" || exit 1
+  sh "$K/k26-bundle/install.sh" "$K/site" || exit 1
+  echo "$BUNDLE_SHA" > "$K/site/.k26-bundle"
+fi
 export PYTHONPATH=$K/site
 step "refresh k26_ddtree in the site from this working tree"
 rm -rf "$K/site/k26_ddtree"
 python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from k26_ddtree.gpu import bundle; bundle.copy_self(Path('$K/site'))" || exit 1
 
-if [ -f "$G/jit-cache.tar.xz" ]; then step "restore JIT caches"; mkdir -p "$JIT"; tar -xJf "$G/jit-cache.tar.xz" -C "$JIT"; fi
-if [ -f "$G/model.tar" ]; then
-  step "unpack the model pair"; mkdir -p "$K/models"; tar -xf "$G/model.tar" -C "$K/models" || exit 1
+if [ -d "$JIT" ]; then step "JIT caches already here (warm machine)";
+elif [ -f "$G/jit-cache.tar.xz" ]; then step "restore JIT caches"; mkdir -p "$JIT"; tar -xJf "$G/jit-cache.tar.xz" -C "$JIT"; fi
+CHECK_PID=
+if [ -f "$K/models/train_report.json" ]; then
+  step "model pairs already here (warm machine)"
+elif [ -f "$G/model.tar.xz" ]; then
+  step "unpack the model pairs"; mkdir -p "$K/models"; tar -xJf "$G/model.tar.xz" -C "$K/models" || exit 1
 else
-  step "make the model pair (corpus, tokenizer, training)"
-  python3 -m k26_ddtree.gpu.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-120}" || exit 1
-  tar -cf "$OUT/model.tar" -C "$K/models" .
+  # The step graphs and kernels are checked beside the training: a failure there ends the run
+  # before any server starts.
+  step "graph_check in the background; make the model pairs (corpus, tokenizer, training)"
+  python3 tests/gpu/graph_check.py > "$K/graph_check.txt" 2>&1 &
+  CHECK_PID=$!
+  python3 -m k26_ddtree.gpu.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-110}" || exit 1
+  tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
 fi
 cat "$K/models/train_report.json" 2>/dev/null
+if [ -n "$CHECK_PID" ]; then
+  wait "$CHECK_PID"; check_rc=$?
+  cat "$K/graph_check.txt"
+  if [ "$check_rc" -ne 0 ]; then step "graph_check failed (exit $check_rc): no servers started"; exit 1; fi
+fi
 
 ORACLE_ARGS=()
 if [ -f "$G/oracle.json" ]; then ORACLE_ARGS=(--oracle-file "$G/oracle.json"); fi
 # The runner gets what is left of K26_RUN_LIMIT (the device command's limit) minus time to stop
 # servers and pack the caches, so its report is always written before the command is killed.
-DEADLINE=$(( ${K26_RUN_LIMIT:-560} - SECONDS - 60 ))
+DEADLINE=$(( ${K26_RUN_LIMIT:-560} - SECONDS - ${K26_STOP_RESERVE:-60} ))
 step "matrix run $RUN (deadline ${DEADLINE}s)"
 python3 tests/gpu/e2e.py --matrix tests/gpu/matrix.json --run "$RUN" --site "$K/site" --models "$K/models" \
   --out "$OUT" --jit-dir "$JIT" --deadline-s "$DEADLINE" "${ORACLE_ARGS[@]}" ${K26_E2E_ARGS:-}

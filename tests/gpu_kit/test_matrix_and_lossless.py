@@ -96,3 +96,32 @@ def test_acceptance_and_gap_stats():
     assert lossless.acceptance([{"completion_tokens": 5}]) is None
     stats = lossless.gap_stats([[top2(1.0), top2(3.0)], [top2(2.0)]])
     assert stats["min"] == pytest.approx(1.0) and stats["count"] == 3
+
+
+def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
+    spec = matrix.load(MATRIX)
+    runs = spec["runs"]
+    assert set(spec["speed_runs"]) == {"speed-weak", "speed-real"}
+    for run in spec["speed_runs"]:
+        assert set(runs[run]) <= set(runs["prove"])
+        assert spec["run_settings"][run] == spec["run_settings"]["prove"], "reuse needs the same settings"
+        names = runs[run]
+        assert sum(n.startswith("dflash") for n in names) == 1 and len(names) == 8
+    assert set(spec["first_wave"]) <= set(runs["prove"])
+    weak = {matrix.parse_server(n).drafter for n in runs["speed-weak"] if n != "ar"}
+    assert weak == {"weak"}
+    cells = spec["speed"]["cells"]
+    assert {c["concurrency"] for c in cells.values()} == {1, 16, 64}
+    assert spec["speed"]["repeats"] >= 5 and spec["speed"]["min_seconds"] >= 3.0
+    assert max(spec["run_settings"]["prove"]["cuda_graph_bs"]) >= 64
+
+
+def test_drafter_kinds_pick_their_checkpoint_and_servers_sleep_when_idle():
+    settings = {"mem_fraction_static": 0.05, "context_length": 1024, "max_total_tokens": 65536,
+                "max_running_requests": 16, "cuda_graph_bs": [1, 16]}
+    weak = " ".join(matrix.server_command(matrix.parse_server("ddtree-b64-k8-weak-spine"), Path("/m"), 1, settings))
+    assert "--speculative-draft-model-path /m/drafter-weak" in weak and "--speculative-ddtree-spine" in weak
+    dflash_weak = " ".join(matrix.server_command(matrix.parse_server("dflash-weak"), Path("/m"), 1, settings))
+    assert "--speculative-algorithm DFLASH --speculative-draft-model-path /m/drafter-weak" in dflash_weak
+    assert "--sleep-on-idle" in weak
+    assert matrix.parse_server("ddtree-b8-k4-oracle").oracle and not matrix.parse_server("dflash-weak").oracle
