@@ -16,6 +16,7 @@ from k26_ddtree.errors import UserError
 
 
 _NEW_FILE_MODE = 0o644
+TMP_SUFFIX = ".k26-tmp"  # every staged file is .<name>.<random>.k26-tmp, so leftovers can be found
 
 
 def stage(path: Path, data: bytes, mode: int | None = None) -> Path:
@@ -24,7 +25,7 @@ def stage(path: Path, data: bytes, mode: int | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
         mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _NEW_FILE_MODE
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".k26-tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -45,6 +46,15 @@ def replace(path: Path, data: bytes, mode: int | None = None) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of folder `path` (files replaced, added or removed there) survive power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:

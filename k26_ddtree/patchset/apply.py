@@ -7,6 +7,11 @@ revert rebuild an original when its backup is gone.
 Backups of the originals go to <site>/.k26-ddtree-backup/sglang-<version>/<rel>
 (the tree beside the `sglang` package, out of the way of imports); revert
 prefers them and removes them once the originals are back.
+
+Every command holds the site lock (lock.py) and, when it writes, first recovers
+what a killed command left (recovery.py); apply and revert are each one
+transaction (transaction.py) over the sglang files, the backups and the
+k26_ddtree import, so they change all of it or none of it.
 """
 
 from __future__ import annotations
@@ -14,15 +19,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
-from k26_ddtree.patchset import importable
+from k26_ddtree.hashing import sha256_bytes
+from k26_ddtree.patchset import importable, recovery, transaction
+from k26_ddtree.patchset.journal import Journal
+from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S
 from k26_ddtree.patchset.locate import Installation, locate
-from k26_ddtree.hashing import sha256_bytes, sha256_file
-from k26_ddtree.patchset.pins import load
-from k26_ddtree.patchset.status import (APPLIED, CHECK_EXIT, FOREIGN, PARTIAL, PRISTINE, WRONG_VERSION,
+from k26_ddtree.patchset.pins import PatchSet, load
+from k26_ddtree.patchset.session import session
+from k26_ddtree.patchset.status import (APPLIED, CHECK_EXIT, FOREIGN, INTERRUPTED, PARTIAL, PRISTINE, WRONG_VERSION,
                                         FileStatus, Status, inspect)
-from k26_ddtree.patchset.transaction import Change, replace_all
+from k26_ddtree.patchset.transaction import FileStep, Step
 from k26_ddtree.patchset.udiff import PatchError, apply_diff
 
 BACKUP_DIR = ".k26-ddtree-backup"
@@ -34,8 +41,17 @@ def backup_root(installation: Installation) -> Path:
     return installation.site / BACKUP_DIR / f"sglang-{installation.version}"
 
 
-def _label(site: Path) -> Callable[[Path], str]:
-    return lambda path: path.relative_to(site).as_posix()
+def _staging_folders(installation: Installation, patch_set: PatchSet) -> set[Path]:
+    """Where a transaction stages files: beside each target and inside the backup tree."""
+    folders = {(installation.site / pin.rel).parent for pin in patch_set.files}
+    backups = installation.site / BACKUP_DIR
+    if backups.is_dir():
+        folders |= {backups} | {p for p in backups.rglob("*") if p.is_dir()}
+    return folders
+
+
+def _recovery(installation: Installation, patch_set: PatchSet, out: Out) -> Callable[[], bool]:
+    return lambda: recovery.recover(installation.site, _staging_folders(installation, patch_set), out)
 
 
 def _describe(status: Status, out: Out) -> None:
@@ -56,64 +72,70 @@ def _refuse_unless_patchable(status: Status, doing: str) -> None:
         raise UserError(f"refusing to {doing}: {names}; nothing changed")
 
 
-def _verify_installed(status: Status, want: str, out: Out) -> None:
-    wrong = []
-    for file in status.files:
-        digest = sha256_file(file.path) if file.path.is_file() else None
-        expected = file.pin.patched_sha256 if want == APPLIED else file.pin.original_sha256
-        if digest != expected:
-            wrong.append(file.pin.rel)
-    if wrong:
-        raise UserError(f"after replacing, these files do not hash as pinned: {', '.join(wrong)}", code=1)
-    out(f"verified {len(status.files)}/{len(status.files)} files: {want}")
-
-
-def _write_backups(status: Status, files: list[FileStatus], out: Out) -> None:
-    root = backup_root(status.installation)
+def _backup_steps(status: Status, files: list[FileStatus]) -> list[Step]:
+    """Backups of the originals about to be patched, unless a good one is already there."""
+    found: list[Step] = []
     for file in files:
         if file.current is None:
             continue  # a file the patch adds has no original
-        backup = root / file.pin.rel
-        if not (backup.is_file() and sha256_file(backup) == file.pin.original_sha256):
-            try:
-                atomic.replace(backup, file.current)
-            except OSError as err:
-                raise UserError(f"could not write the backup {backup} ({err}); nothing changed", code=1) from None
-            if sha256_file(backup) != file.pin.original_sha256:
-                raise UserError(f"backup {backup} does not hash as its original; nothing changed", code=1)
-    out(f"backups of the originals: {root}")
+        backup = backup_root(status.installation) / file.pin.rel
+        old = backup.read_bytes() if backup.is_file() else None
+        if old is None or sha256_bytes(old) != file.pin.original_sha256:
+            found.append(FileStep(backup, "backup", old, file.current))
+    return found
 
 
-def apply(sglang_dir: str | Path | None = None, root: Path | None = None,
-          dry_run: bool = False, out: Out = print) -> int:
+def apply(sglang_dir: str | Path | None = None, root: Path | None = None, dry_run: bool = False,
+          out: Out = print, lock_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     patch_set = load(root)
-    status = inspect(locate(sglang_dir), patch_set)
+    installation = locate(sglang_dir)
+    if dry_run:
+        with session(installation.site, "apply --dry-run", lock_timeout, out):
+            return _dry_run_apply(inspect(installation, patch_set), out)
+    with session(installation.site, "apply", lock_timeout, out, _recovery(installation, patch_set, out)) as signals:
+        status = inspect(installation, patch_set)
+        _describe(status, out)
+        _refuse_unless_patchable(status, "patch")
+        todo = status.with_state(PRISTINE)
+        import_plan = importable.plan(status.installation.site)
+        out(f"k26_ddtree import: {import_plan.action}: {import_plan.reason}")
+        steps = [*_backup_steps(status, todo), *importable.steps(import_plan),
+                 *(FileStep(f.path, "sglang", f.current, patch_set.patched_bytes(f.pin)) for f in todo)]
+        if todo:
+            out(f"backups of the originals: {backup_root(status.installation)}")
+        if steps:
+            transaction.run(status.installation.site, "apply", steps, signals, out)
+        if not todo:
+            out("already applied")
+            return 0
+        out(f"applied: {len(todo)} file(s) patched" + (f", {len(status.files) - len(todo)} were already" if status.state == PARTIAL else ""))
+        return 0
+
+
+def _dry_run_apply(status: Status, out: Out) -> int:
     _describe(status, out)
+    _note_recovery_first(status, out)
     _refuse_unless_patchable(status, "patch")
     todo = status.with_state(PRISTINE)
-    changes = [Change(f.path, f.current, patch_set.patched_bytes(f.pin), f.pin.patched_sha256) for f in todo]
     import_plan = importable.plan(status.installation.site)
-    if dry_run:
-        for file in todo:
-            out(f"dry run: would write {file.pin.rel} (SHA256 {file.pin.patched_sha256[:16]}...)")
-        if todo:
-            out(f"dry run: would keep the originals under {backup_root(status.installation)}")
-        out(f"dry run: would patch {len(todo)} file(s), {len(status.files) - len(todo)} already applied")
-        out(f"dry run: k26_ddtree import: {import_plan.action}: {import_plan.reason}")
-        return 0
-    try:
-        importable.carry_out(import_plan)
-    except OSError as err:
-        raise UserError(f"could not make k26_ddtree importable ({import_plan.reason}): {err}; sglang unchanged", code=1) from None
-    out(f"k26_ddtree import: {import_plan.action}: {import_plan.reason}")
-    if not todo:
-        out("already applied")
-        return 0
-    _write_backups(status, todo, out)
-    replace_all(changes, out, _label(status.installation.site))
-    _verify_installed(status, APPLIED, out)
-    out(f"applied: {len(todo)} file(s) patched" + (f", {len(status.files) - len(todo)} were already" if status.state == PARTIAL else ""))
+    for file in todo:
+        out(f"dry run: would write {file.pin.rel} (SHA256 {file.pin.patched_sha256[:16]}...)")
+    if todo:
+        out(f"dry run: would keep the originals under {backup_root(status.installation)}")
+    out(f"dry run: would patch {len(todo)} file(s), {len(status.files) - len(todo)} already applied")
+    out(f"dry run: k26_ddtree import: {import_plan.action}: {import_plan.reason}")
     return 0
+
+
+def _note_recovery_first(status: Status, out: Out) -> None:
+    journal, strays = _report_pending(status, out)
+    if journal is not None or strays:
+        out("dry run: a real run deals with that first; this plan is for the tree as it is now")
+
+
+def _report_pending(status: Status, out: Out) -> tuple[Journal | None, list[Path]]:
+    """recovery.report for this install: (the journal of an interrupted transaction, the stray staged files)."""
+    return recovery.report(status.installation.site, _staging_folders(status.installation, status.patch_set), out)
 
 
 def _original_bytes(status: Status, file: FileStatus) -> bytes | None:
@@ -134,50 +156,73 @@ def _original_bytes(status: Status, file: FileStatus) -> bytes | None:
     return data
 
 
-def _drop_backups(installation: Installation, files: list[FileStatus]) -> None:
-    root = backup_root(installation)
-    for file in files:
-        (root / file.pin.rel).unlink(missing_ok=True)
-    for directory in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+def _prune_backup_folders(installation: Installation) -> None:
+    """Remove the backup tree's folders that revert emptied (the tree is ours alone)."""
+    base = installation.site / BACKUP_DIR
+    if not base.is_dir():
+        return
+    for directory in sorted((p for p in base.rglob("*") if p.is_dir()), reverse=True):
         if not any(directory.iterdir()):
             directory.rmdir()
-    for directory in (root, root.parent):
-        if directory.is_dir() and not any(directory.iterdir()):
-            directory.rmdir()
+    if not any(base.iterdir()):
+        base.rmdir()
 
 
-def revert(sglang_dir: str | Path | None = None, root: Path | None = None,
-           dry_run: bool = False, out: Out = print) -> int:
+def revert(sglang_dir: str | Path | None = None, root: Path | None = None, dry_run: bool = False,
+           out: Out = print, lock_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     patch_set = load(root)
-    status = inspect(locate(sglang_dir), patch_set)
+    installation = locate(sglang_dir)
+    if dry_run:
+        with session(installation.site, "apply --revert --dry-run", lock_timeout, out):
+            return _dry_run_revert(inspect(installation, patch_set), out)
+    with session(installation.site, "apply --revert", lock_timeout, out,
+                 _recovery(installation, patch_set, out)) as signals:
+        status = inspect(installation, patch_set)
+        _describe(status, out)
+        _refuse_unless_patchable(status, "revert")
+        todo = status.with_state(APPLIED)
+        backups = [backup_root(installation) / pin.rel for pin in patch_set.files]
+        steps = [*(FileStep(f.path, "sglang", f.current, _original_bytes(status, f)) for f in todo),
+                 *importable.removal_steps(installation.site),
+                 *(FileStep(b, "backup", b.read_bytes(), None) for b in backups if b.is_file())]
+        if steps:
+            transaction.run(installation.site, "revert", steps, signals, out)
+        _prune_backup_folders(installation)
+        out(f"reverted: {len(todo)} file(s) restored" if todo else "already pristine")
+        return 0
+
+
+def _dry_run_revert(status: Status, out: Out) -> int:
     _describe(status, out)
+    _note_recovery_first(status, out)
     _refuse_unless_patchable(status, "revert")
     todo = status.with_state(APPLIED)
-    if dry_run:
-        for file in todo:
-            how = "remove" if file.pin.original_sha256 is None else "restore"
-            out(f"dry run: would {how} {file.pin.rel}")
-        out(f"dry run: would restore {len(todo)} file(s), {len(status.files) - len(todo)} already pristine")
-        return 0
-    if todo:
-        changes = [Change(f.path, f.current, _original_bytes(status, f), f.pin.original_sha256) for f in todo]
-        replace_all(changes, out, _label(status.installation.site))
-        _verify_installed(status, PRISTINE, out)
-        _drop_backups(status.installation, todo)
-    for line in importable.undo(status.installation.site):
-        out(line)
-    out(f"reverted: {len(todo)} file(s) restored" if todo else "already pristine")
+    for file in todo:
+        how = "remove" if file.pin.original_sha256 is None else "restore"
+        out(f"dry run: would {how} {file.pin.rel}")
+    out(f"dry run: would restore {len(todo)} file(s), {len(status.files) - len(todo)} already pristine")
     return 0
 
 
-def check(sglang_dir: str | Path | None = None, root: Path | None = None, out: Out = print) -> int:
-    """Report the state; the exit code is CHECK_EXIT[state], except for an applied install whose
-    Python lacks this k26_ddtree: 1 when apply would add it, 2 when a different one is in the way."""
+def check(sglang_dir: str | Path | None = None, root: Path | None = None, out: Out = print,
+          lock_timeout: float = DEFAULT_TIMEOUT_S) -> int:
+    """Report the state, changing nothing; the exit code is CHECK_EXIT[state], except for an
+    applied install whose Python lacks this k26_ddtree (1 when apply would add it, 2 when a
+    different one is in the way) or that has stray staged files left (1: apply deletes them)."""
     patch_set = load(root)
-    status = inspect(locate(sglang_dir), patch_set)
-    _describe(status, out)
+    installation = locate(sglang_dir)
+    with session(installation.site, "apply --check", lock_timeout, out):
+        status = inspect(installation, patch_set)
+        _describe(status, out)
+        journal, strays = _report_pending(status, out)
+        if journal is not None:
+            out(f"state: {INTERRUPTED}")
+            return CHECK_EXIT[INTERRUPTED]
+        return _check_state(status, bool(strays), out)
+
+
+def _check_state(status: Status, strays: bool, out: Out) -> int:
     state = status.state
-    code = CHECK_EXIT[state]
     if state == APPLIED:
         try:
             import_plan = importable.plan(status.installation.site)
@@ -190,8 +235,11 @@ def check(sglang_dir: str | Path | None = None, root: Path | None = None, out: O
             out("state: applied, but sglang's Python cannot import this k26_ddtree (run k26-deploy apply)")
             return 1
         out(f"k26_ddtree import: ok: {import_plan.reason}")
+        if strays:
+            out("state: applied, but stray staged files are left (run k26-deploy apply to delete them)")
+            return 1
     if state == WRONG_VERSION:
-        out(f"state: {state} (sglang {status.installation.version}, the patch set is for {patch_set.sglang_version})")
+        out(f"state: {state} (sglang {status.installation.version}, the patch set is for {status.patch_set.sglang_version})")
     else:
         out(f"state: {state}")
-    return code
+    return CHECK_EXIT[state]

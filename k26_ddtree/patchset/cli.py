@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S
+
 HELP = "patch the installed SGLang 0.5.11 with DDTree (or --check / --revert)"
 
 DESCRIPTION = """\
@@ -13,11 +15,21 @@ sglang is found without importing it (importlib's finder, or --sglang-dir), its
 version read from the sglang-*.dist-info beside it (else sglang/_version.py).
 Every patched file is checked against pins.json: a different sglang version or
 any file that is neither the pinned original nor the pinned patched file is
-refused, naming the file, and nothing is changed. New contents are staged next
-to their targets and verified before any is swapped in (os.replace); a failure
-part-way puts back what was already replaced. Originals are kept under
-<site>/.k26-ddtree-backup/sglang-0.5.11/. Running apply on a patched install
-says "already applied" and exits 0.
+refused, naming the file, and nothing is changed. A file reached through a
+symlink is refused too (apply replaces regular files only). Originals are kept
+under <site>/.k26-ddtree-backup/sglang-0.5.11/. Running apply on a patched
+install says "already applied" and exits 0.
+
+apply and --revert are each one transaction over the sglang files, the backups
+and the k26_ddtree import: all of it changes or none of it. New contents and
+undo copies of the old ones are staged and verified beside their targets, a
+journal (<site>/.k26-ddtree.journal) records them, then they are swapped in.
+A failure or SIGINT/SIGTERM part-way rolls back before exiting; after SIGKILL
+or power loss the next apply or --revert finds the journal, names it and rolls
+it back first (--check and --dry-run report it), and deletes stray staged
+.*.k26-tmp files. One command at a time per site: each holds an exclusive lock
+on <site>/.k26-ddtree.lock; a second one waits up to --lock-timeout seconds,
+saying for whom, then gives up with exit 75.
 
 apply also makes this k26_ddtree importable by sglang's Python (the patched
 files import k26_ddtree.sglang): nothing if it already is; a
@@ -36,12 +48,26 @@ EPILOG = """\
   0  applied: every file is the pinned patched file and sglang's Python can import k26_ddtree
   1  not applied, and `k26-deploy apply` would fix it: pristine, partially applied,
      or applied but k26_ddtree not importable
-  2  apply would refuse: a file is foreign-modified (or missing), sglang is not 0.5.11,
-     or a different k26_ddtree is importable there (also for a bad --sglang-dir)
+  1  also: an interrupted transaction was found (state: interrupted), or stray
+     staged files are left; apply or --revert rolls it back / deletes them first
+  2  apply would refuse: a file is foreign-modified, missing or a symlink, sglang is
+     not 0.5.11, or a different k26_ddtree is importable there (also for a bad --sglang-dir)
 
 apply and --revert exit 0 on success (also when there was nothing to do), 2 when
-they refuse (nothing changed), 1 when verification after writing failed.
+they refuse (nothing changed), 1 when writing failed (rolled back: the message says
+whether everything is as before). Every mode: 130 / 143 when stopped by SIGINT /
+SIGTERM (after the rollback), 75 when the lock stayed busy past --lock-timeout.
 """
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    return value
 
 
 def register(sub) -> None:
@@ -56,6 +82,9 @@ def register(sub) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the plan (apply or --revert) and change nothing")
     parser.add_argument("--patch-set", metavar="DIR",
                         help="a patch set directory other than the shipped patches/sglang-0.5.11")
+    parser.add_argument("--lock-timeout", metavar="SECONDS", type=_seconds, default=DEFAULT_TIMEOUT_S,
+                        help="how long to wait while another apply holds the site's lock "
+                             f"(default {DEFAULT_TIMEOUT_S:g}; 0: refuse at once)")
     parser.set_defaults(func=run)
 
 
@@ -69,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         if args.dry_run:
             raise UserError("--check changes nothing already; drop --dry-run")
-        return apply.check(args.sglang_dir, root)
+        return apply.check(args.sglang_dir, root, lock_timeout=args.lock_timeout)
     if args.revert:
-        return apply.revert(args.sglang_dir, root, dry_run=args.dry_run)
-    return apply.apply(args.sglang_dir, root, dry_run=args.dry_run)
+        return apply.revert(args.sglang_dir, root, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
+    return apply.apply(args.sglang_dir, root, dry_run=args.dry_run, lock_timeout=args.lock_timeout)

@@ -26,13 +26,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import k26_ddtree
-from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
+from k26_ddtree.patchset.transaction import CopyStep, FileStep, Step
 from k26_ddtree.resources import source_root
 
 PTH_NAME = "k26_ddtree_sglang.pth"
@@ -147,32 +146,38 @@ def _copy_plan(site: Path, ours: Path, why: str) -> ImportPlan:
     return ImportPlan(COPY, f"copying {ours} to {local} ({why})", site)
 
 
-def carry_out(import_plan: ImportPlan) -> None:
+def steps(import_plan: ImportPlan) -> list[Step]:
+    """What apply's transaction does to carry out the plan."""
     site = import_plan.site
     if import_plan.action == PTH:
+        pth = site / PTH_NAME
         text = f"# written by k26-deploy apply: the patched sglang imports k26_ddtree from here\n{our_package().parent}\n"
-        atomic.replace(site / PTH_NAME, text.encode())
-    elif import_plan.action == COPY:
-        _copy_package(site)
+        old = pth.read_bytes() if pth.is_file() else None
+        return [] if old == text.encode() else [FileStep(pth, "import", old, text.encode())]
+    if import_plan.action == COPY:
+        return [CopyStep(site / "k26_ddtree", _build_copy)]
+    return []
 
 
-def _copy_package(site: Path) -> None:
-    """Copy the package beside sglang, swapping a previous copy out only once the new one is complete."""
-    dest = site / "k26_ddtree"
-    scratch = Path(tempfile.mkdtemp(dir=site, prefix=".k26_ddtree-"))
-    try:
-        fresh = scratch / "k26_ddtree"
-        shutil.copytree(our_package(), fresh, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        (fresh / COPY_MARKER).write_text(f"copied from {our_package()}\n")
-        if dest.exists():
-            os.rename(dest, scratch / "previous")
-        os.rename(fresh, dest)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+def _build_copy(dest: Path) -> None:
+    shutil.copytree(our_package(), dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (dest / COPY_MARKER).write_text(f"copied from {our_package()}\n")
+
+
+def removal_steps(site: Path) -> list[Step]:
+    """What revert's transaction does to take away what apply added (our .pth, our marked copy)."""
+    found: list[Step] = []
+    pth = site / PTH_NAME
+    if pth.is_file():
+        found.append(FileStep(pth, "import", pth.read_bytes(), None))
+    if _is_our_copy(site / "k26_ddtree"):
+        found.append(CopyStep(site / "k26_ddtree", None))
+    return found
 
 
 def undo(site: Path) -> list[str]:
-    """Remove what carry_out added (our .pth, our marked copy); lines saying what was removed."""
+    """Remove our .pth and our marked copy at once, outside any transaction (for test fixtures that
+    import the checkout's k26_ddtree instead); lines saying what was removed."""
     removed = []
     pth = site / PTH_NAME
     if pth.is_file():

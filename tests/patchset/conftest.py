@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from k26_ddtree.patchset import regen
+from k26_ddtree.patchset.lock import LOCK_NAME
 from k26_ddtree.patchset.pins import FULL_DIR, PINS_FILE, default_root
 from k26_ddtree.patchset.wheel import shipped_wheel
 
@@ -93,10 +94,12 @@ def make_site(pristine_sglang):
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != LOCK_NAME}
 
 
 @pytest.fixture
 def snapshot():
-    """snapshot(root): every file under root (path -> bytes), to prove a refused command changed nothing."""
+    """snapshot(root): every file under root (path -> bytes), to prove a refused command changed nothing.
+    The site's lock file is left out: every command creates it, and it stays (lock.py says why)."""
     return _snapshot

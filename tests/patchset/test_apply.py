@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from pathlib import Path
 
 import pytest
 
 from k26_ddtree.errors import UserError
 from k26_ddtree.patchset import apply
+from k26_ddtree.patchset.journal import JOURNAL_NAME
 from k26_ddtree.patchset.locate import locate
 from k26_ddtree.hashing import sha256_file
 from k26_ddtree.patchset.pins import load
@@ -126,13 +128,13 @@ def test_revert_without_backups_runs_the_diffs_backwards(site, synthetic_patch_s
     assert snapshot(site / "sglang") == pristine
 
 
-def test_a_failure_part_way_rolls_back(site, synthetic_patch_set, monkeypatch, snapshot):
-    before = snapshot(site / "sglang")
+def test_a_failure_part_way_rolls_back_everything(site, synthetic_patch_set, monkeypatch, snapshot):
+    before = snapshot(site)
     real_replace = os.replace
     calls = []
 
     def failing_replace(src, dst):
-        if apply.BACKUP_DIR not in str(dst):
+        if Path(dst).is_relative_to(site / "sglang"):
             calls.append(dst)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
@@ -142,10 +144,15 @@ def test_a_failure_part_way_rolls_back(site, synthetic_patch_set, monkeypatch, s
     with pytest.raises(UserError) as failed:
         apply.apply(site, synthetic_patch_set, out=Lines())
     monkeypatch.setattr(os, "replace", real_replace)
-    assert "rolled back 1 file(s)" in str(failed.value)
-    assert snapshot(site / "sglang") == before
+    assert failed.value.code == 1
+    assert str(failed.value) == (
+        "apply failed while replacing sglang/srt/speculative/dflash_utils.py (No space left on device); "
+        "rolled back, nothing changed (every path it touched hashes as before)")
+    # the backups and the k26_ddtree copy this apply had put in are gone too
+    assert snapshot(site) == before
+    assert not (site / apply.BACKUP_DIR).exists() and not (site / "k26_ddtree").exists()
     assert _state(site, synthetic_patch_set) == PRISTINE
-    assert not [p for p in site.rglob("*.k26-tmp")]
+    assert not [p for p in site.rglob("*.k26-tmp")] and not (site / JOURNAL_NAME).exists()
 
 
 def test_dry_run_changes_nothing(site, synthetic_patch_set, snapshot):
@@ -201,4 +208,33 @@ def test_a_full_file_edited_without_regen_is_refused(site, synthetic_patch_set, 
     before = snapshot(site)
     with pytest.raises(UserError, match="does not match pins.json; run python -m k26_ddtree.patchset.regen"):
         apply.apply(site, edited, out=Lines())
+    assert snapshot(site) == before
+
+
+def test_a_rollback_that_cannot_finish_says_so_and_the_next_command_finishes_it(site, synthetic_patch_set,
+                                                                               monkeypatch, snapshot):
+    before = snapshot(site)
+    real_replace = os.replace
+    first, second = (str(site / rel) for rel in ("sglang/srt/server_args.py", "sglang/srt/speculative/dflash_utils.py"))
+    seen = []
+
+    def failing_replace(src, dst):
+        seen.append(str(dst))
+        if str(dst) == second or (str(dst) == first and seen.count(first) == 2):
+            raise OSError(5, "Input/output error")  # the swap in, then the rollback of the one before
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(UserError) as failed:
+        apply.apply(site, synthetic_patch_set, out=Lines())
+    monkeypatch.setattr(os, "replace", real_replace)
+    message = str(failed.value)
+    assert failed.value.code == 1 and "nothing changed" not in message
+    assert message.startswith("apply failed while replacing sglang/srt/speculative/dflash_utils.py (Input/output error); "
+                              "the rollback could NOT restore sglang/srt/server_args.py (Input/output error); ")
+    assert (site / JOURNAL_NAME).is_file()
+
+    out = Lines()
+    assert apply.revert(site, synthetic_patch_set, out=out) == 0
+    assert out[0].startswith("found an interrupted apply (pid ")
     assert snapshot(site) == before

@@ -57,5 +57,8 @@ def test_user_mistakes_are_one_line(tmp_path):
 def test_help_documents_the_check_exit_codes():
     shown = k26("--help").stdout
     assert "--check exit codes:" in shown
-    for line in ("0  applied", "1  not applied", "2  apply would refuse"):
+    for line in ("0  applied", "1  not applied", "2  apply would refuse", "state: interrupted"):
         assert line in shown
+    assert "--lock-timeout SECONDS" in shown and "<site>/.k26-ddtree.lock" in shown
+    assert "<site>/.k26-ddtree.journal" in shown
+    assert "130 / 143 when stopped by SIGINT /\nSIGTERM" in shown and "75 when the lock stayed busy" in shown
