@@ -653,6 +653,8 @@ class MatrixRun:
                     server.status = f"crashed during {wname} (exit {server.exit_code()})"
 
     def measure_speed(self) -> None:
+        # nvidia-smi every two seconds would be noise in host-bound steps; the peaks are known by now.
+        self.sampler.stop_event.set()
         ready = [s for s in self.servers if s.status == "ready"]
         spec = speed.SpeedSpec.from_matrix(self.spec)
         # What the report still needs: stopping kept servers is not needed, the rest is quick.
@@ -685,12 +687,18 @@ class MatrixRun:
                 accept[s.spec.name] = states[0].get("avg_spec_accept_length")
         self.sampler.stop_event.set()
         kept = {}
+        stopping = []
         for s in self.servers:
             if s.spec.name in keep and s.status == "ready":
                 kept[s.spec.name] = {"port": s.port, "pid": s.pid, "launched_at": s.launched_at}
                 s.status = "kept running"
-                continue
-            stop(s)
+            else:
+                stopping.append(threading.Thread(target=stop, args=(s,)))
+        for t in stopping:
+            t.start()
+        for t in stopping:
+            t.join()
+        for s in self.servers:
             if s.status == "ready":
                 s.status = "stopped"
         previous = {n: v for n, v in load_kept(self.state, self.fingerprint).items() if n not in {s.spec.name for s in self.servers}}

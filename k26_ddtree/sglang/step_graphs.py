@@ -215,9 +215,14 @@ class StepGraphs:
     def capture(self) -> None:
         """Capture every bucket now (at start-up) rather than on first use. Without buckets
         off the CPU (--disable-cuda-graph on a GPU), run one eager step instead, so the
-        fused kernels compile here and not in the first decode step."""
+        fused kernels compile here and not in the first decode step; on CUDA compile the
+        verify's kernels for these batch sizes too."""
         for bucket in self.buckets:
             self._bucket(bucket)
+        if self.device.type == "cuda":
+            from k26_ddtree.sglang import verify_kernels
+
+            verify_kernels.warm_up(self.config.budget + 1, self.config.block_size - 1, self.buckets or [1], self.device)
         if not self.buckets and self.device.type != "cpu":
             depth, topk, n = self.config.block_size - 1, self.config.topk, self.config.budget + 1
             root = torch.zeros(1, dtype=torch.long, device=self.device)

@@ -134,3 +134,18 @@ def commit_path_fused(path, commit_lens, node_slots, req_to_token, req_pool_indi
             B_PAD=_batch_pad(batch),
         )
     return out[:total], out[total : batch * n], out[batch * n : batch * n + total]
+
+
+def warm_up(num_nodes: int, depth: int, batch_sizes, device) -> None:
+    """Compile both kernels for every batch-size class a server will meet, at start-up rather than
+    in a decode step (each class of B_PAD is its own compiled variant)."""
+    width = depth + 1
+    for batch in sorted({_batch_pad(b) for b in batch_sizes}):
+        ancestor = torch.eye(num_nodes, dtype=torch.bool, device=device).expand(batch, -1, -1)
+        prefix = torch.zeros(batch, dtype=torch.long, device=device)
+        verify_custom_mask_fused(ancestor, prefix, batch * num_nodes * num_nodes)
+        path = torch.zeros(batch, width, dtype=torch.long, device=device)
+        lens = torch.ones(batch, dtype=torch.long, device=device)
+        slots = torch.arange(batch * num_nodes, device=device).view(batch, num_nodes)
+        req_to_token = torch.zeros(batch, num_nodes + width, dtype=torch.int32, device=device)
+        commit_path_fused(path, lens, slots, req_to_token, torch.arange(batch, device=device), prefix, batch)

@@ -14,6 +14,7 @@ from core_cases import draft_inputs, walk_target
 from k26_ddtree.core.retrieve import tree_attention_mask
 from k26_ddtree.core.tree import build_ddtree
 from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
+from k26_ddtree.sglang import verify_kernels
 from k26_ddtree.sglang.verify_utils import commit_path, verify_custom_mask
 
 # (batch, D, K, budget): one request, odd sizes, a chain, the server's widest tree.
@@ -59,6 +60,7 @@ def main() -> int:
             for what in one_case(gen, *case):
                 print(f"FAIL {case} repeat {repeat}: {what}")
                 failed += 1
+    verify_kernels.warm_up(9, 7, [1, 3, 20], "cpu")  # the start-up compile runs too
     print(f"{len(CASES) * 3} cases" + (f", {failed} failures" if failed else " agree"))
     return 1 if failed else 0
 
