@@ -661,7 +661,7 @@ class MatrixRun:
         self.speed = speed.measure(ready, spec, self.prompts, self.reference,
                                    lambda url, ids, params: post_json(url + "/generate",
                                                                       {"input_ids": ids, "sampling_params": params}),
-                                   self.deadline - 30, say)
+                                   self.deadline - 12, say)
         for server in ready:
             if not server.alive():
                 server.status = f"crashed during the speed cells (exit {server.exit_code()})"

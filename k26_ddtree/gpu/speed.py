@@ -1,10 +1,12 @@
 """Side-by-side speed on the proving ground: repeats long enough to resolve a few percent.
 
 A speed table compares servers that all run on one GPU during one device call.
-Per cell (concurrency, temperature) every server first runs one warm-up wave,
-which also measures its rate; each repeat then sends enough requests
-(whole waves of `concurrency`) to last at least `min_seconds` at that rate,
-with a margin. Repeats of one cell are interleaved across servers (repeat r
+Per cell (concurrency, temperature) every server first runs one warm-up wave
+(untimed). A repeat is whole waves of `concurrency` requests, one after the
+other, until at least `min_seconds` have passed: every repeat is long enough
+by construction, and a wave always runs at full concurrency (requests of one
+length start and end together), so no tail of a few lone requests skews a
+server's rate. Repeats of one cell are interleaved across servers (repeat r
 runs every server once, the order rotated by r), so a drift of the machine
 during the cell shifts every server alike and the ratios stay fair. Each cell
 reports the median, min and max tok/s over its repeats and its acceptance;
@@ -16,7 +18,6 @@ everything else is done.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +25,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from k26_ddtree.gpu import lossless
-
-MARGIN = 1.15
 
 
 @dataclass(frozen=True)
@@ -98,9 +97,10 @@ def _params(cell: dict, new_tokens: int) -> dict:
     return params
 
 
-def run_wave(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int, requests: int):
-    """`requests` requests, `concurrency` at a time, prompts cycled: (Repeat, [(prompt index, reply)])."""
-    jobs = [i % len(prompts) for i in range(requests)]
+def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int,
+               min_seconds: float, first: int = 0):
+    """Waves of `concurrency` requests (prompts cycled from `first`) until min_seconds have
+    passed (one wave when min_seconds is 0): (Repeat, [(prompt index, reply)])."""
 
     def one(index: int):
         try:
@@ -108,22 +108,19 @@ def run_wave(send: Send, url: str, prompts: list[list[int]], params: dict, concu
         except (OSError, ValueError) as err:
             return index, {"error": f"{type(err).__name__}: {err}"}
 
+    replies = []
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        replies = list(pool.map(one, jobs))
+        while True:
+            wave = [(first + len(replies) + j) % len(prompts) for j in range(concurrency)]
+            replies += pool.map(one, wave)
+            if time.perf_counter() - start >= min_seconds:
+                break
     wall = time.perf_counter() - start
     ok = [r for _, r in replies if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
     steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
-    return Repeat(tokens, wall, requests, steps, len(replies) - len(ok)), replies
-
-
-def requests_for(rate_tok_s: float, concurrency: int, new_tokens: int, min_seconds: float) -> int:
-    """Whole waves that last min_seconds * MARGIN at the measured rate."""
-    if rate_tok_s <= 0:
-        return concurrency
-    waves = math.ceil(rate_tok_s * min_seconds * MARGIN / (new_tokens * concurrency))
-    return max(1, waves) * concurrency
+    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok)), replies
 
 
 def measure(servers: list, spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,
@@ -132,42 +129,34 @@ def measure(servers: list, spec: SpeedSpec, prompts: list[list[int]], reference:
     .spec.name, .spec.speculative, .url), interleaved; repeats the deadline leaves no time
     for are missing, and the cell says so."""
     results = []
+    speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
         concurrency = int(cell["concurrency"])
         params = _params(cell, spec.new_tokens)
         greedy = float(cell["temperature"]) == 0.0
         cells = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
                  for s in servers}
-        plan, rate = {}, {}
+        longest = 0.0
         for server in servers:
-            warm, _ = run_wave(send, server.url, prompts, params, concurrency, max(concurrency, 2))
-            rate[server.spec.name] = warm.tok_per_s
-            plan[server.spec.name] = requests_for(warm.tok_per_s, concurrency, spec.new_tokens, spec.min_seconds)
+            warm, _ = run_repeat(send, server.url, prompts, params, concurrency, 0.0)
+            longest = max(longest, warm.wall_s)
         for r in range(spec.repeats):
             order = servers[r % len(servers):] + servers[: r % len(servers)]
             for server in order:
-                name = server.spec.name
-                result = cells[name]
-                if time.time() + plan[name] * spec.new_tokens / max(1.0, rate[name]) > deadline:
+                result = cells[server.spec.name]
+                # A repeat lasts min_seconds plus at most one wave.
+                if time.time() + spec.min_seconds + longest > deadline:
                     result.note = f"cut at the run deadline after {len(result.repeats)} repeats"
                     continue
-                for _ in range(3):
-                    repeat, replies = run_wave(send, server.url, prompts, params, concurrency, plan[name])
-                    if repeat.errors:
-                        break
-                    rate[name] = repeat.tok_per_s
-                    if repeat.wall_s >= spec.min_seconds:
-                        break
-                    # Faster than the warm-up said: too short to count, so run it again, longer.
-                    plan[name] = requests_for(repeat.tok_per_s, concurrency, spec.new_tokens, spec.min_seconds)
+                repeat, replies = run_repeat(send, server.url, prompts, params, concurrency, spec.min_seconds,
+                                             first=r * concurrency)
                 result.repeats.append(repeat)
                 if result.checked:
                     result.divergences += _divergences(replies, reference, spec.eps)
-        speculative = {s.spec.name: s.spec.speculative for s in servers}
         for result in cells.values():
             s = result.summary(speculative[result.server])
             say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "
-                f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} x {s['requests_per_repeat']} requests) "
+                f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} repeats of {s['requests_per_repeat']} requests) "
                 f"accept {s['accept_length']} {s['verdict']}")
             results.append(s)
     return results

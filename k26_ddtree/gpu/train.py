@@ -259,7 +259,7 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, kn
 
     prompt_lens = [len(p) for p in prompts]
     common = (target, data, device)
-    drafter, draft_info = trained_drafter(tinymodel.DRAFT_CONFIG, seed + 1, *common, t0 + time_budget * 0.85,
+    drafter, draft_info = trained_drafter(tinymodel.DRAFT_CONFIG, seed + 1, *common, t0 + time_budget * 0.8,
                                           greedy, prompt_lens, knobs)
     draft_info["seconds"] = round(time.time() - t0, 1)
     log(f"drafter done: {draft_info}")

@@ -217,7 +217,9 @@ class StepGraphs:
         off the CPU (--disable-cuda-graph on a GPU), run one eager step instead, so the
         fused kernels compile here and not in the first decode step; on CUDA compile the
         verify's kernels for these batch sizes too."""
-        for bucket in self.buckets:
+        # Largest first, as SGLang captures: a smaller bucket's graph then fits in the memory the
+        # larger one's intermediates (the lm_head logits above all) left free in the shared pool.
+        for bucket in reversed(self.buckets):
             self._bucket(bucket)
         if self.device.type == "cuda":
             from k26_ddtree.sglang import verify_kernels

@@ -51,7 +51,7 @@ else
   step "graph_check in the background; make the model pairs (corpus, tokenizer, training)"
   python3 tests/gpu/graph_check.py > "$K/graph_check.txt" 2>&1 &
   CHECK_PID=$!
-  python3 -m k26_ddtree.gpu.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-110}" || exit 1
+  python3 -m k26_ddtree.gpu.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-120}" || exit 1
   tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
 fi
 cat "$K/models/train_report.json" 2>/dev/null

@@ -155,7 +155,7 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
         assert c["repeats"] == 3 and c["errors"] == 0
         assert all(s >= 0.3 for s in c["repeat_seconds"]), c
         assert c["min_tok_s"] <= c["median_tok_s"] <= c["max_tok_s"]
-        assert c["requests_per_repeat"] % (1 if cell == "greedy-c1" else 4) == 0
+        assert c["requests_per_repeat"] % (1 if cell == "greedy-c1" else 4) == 0, "whole waves"
         if cell.startswith("greedy"):
             expected = "exact" if server == "ar" else "lossless (ties only)"
             assert c["verdict"] == expected and (server == "ar" or c["divergences"][0]["position"] == 5)
