@@ -367,7 +367,7 @@ def overall(servers_out: list[dict], speed_cells: list[dict] = ()) -> str:
             skipped.append(s["name"])
         elif s["status"] not in ("stopped", "kept running"):
             bad.append(f"{s['name']}: {s['status']}")
-        elif not s["cells"] and s["name"] not in measured:
+        elif not s["cells"] and s["name"] not in measured and s["status"] != "kept running":
             bad.append(f"{s['name']}: served no workload")
         bad += [f"{s['name']}/{c['workload']}: {c['verdict']}" for c in s["cells"] if c["verdict"] == "FAIL"]
     bad += [f"{c['server']}/{c['cell']}: speed FAIL" for c in speed_cells if c["verdict"] == "FAIL"]
@@ -632,7 +632,10 @@ class MatrixRun:
     def serve_cells(self) -> None:
         """Each server's matrix workloads, one workload on the GPU at a time; greedy cells are judged
         against the reference (the AR server's own c16 against its c1)."""
+        only = self.spec.get("run_cells", {}).get(str(self.args.run))
         for server in self.servers:
+            if only is not None and server.spec.name not in only:
+                continue
             names = self.spec["spec_workloads"] if server.spec.speculative else self.spec["ar_workloads"]
             for wname in names:
                 if server.spec.name == "ar" and wname == "greedy-c1":
@@ -655,7 +658,8 @@ class MatrixRun:
     def measure_speed(self) -> None:
         # nvidia-smi every two seconds would be noise in host-bound steps; the peaks are known by now.
         self.sampler.stop_event.set()
-        ready = [s for s in self.servers if s.status == "ready"]
+        skip = set(self.spec["speed"].get("skip", {}).get(str(self.args.run), []))
+        ready = [s for s in self.servers if s.status == "ready" and s.spec.name not in skip]
         spec = speed.SpeedSpec.from_matrix(self.spec)
         # What the report still needs: stopping kept servers is not needed, the rest is quick.
         self.speed = speed.measure(ready, spec, self.prompts, self.reference,

@@ -108,6 +108,8 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
         bucket = next((b for b in BUCKETS if b >= batch), None)
         root, tokens, logprobs, prefix_lens = step_inputs(gen, batch, depth, topk)
         hidden = torch.randn(batch, depth, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
+        # On the GPU before the no-sync region: a host -> device copy of pageable memory syncs.
+        cuda_inputs = [t.cuda() for t in (root, tokens, logprobs, prefix_lens)]
         if from_hidden:
             # Same GEMM shape as the replay (the bucket), so the bf16 logits round the same way.
             rows = bucket or batch
@@ -125,9 +127,9 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
             torch.cuda.set_sync_debug_mode("error")
         try:
             if from_hidden:
-                replayed = graphs.draft_from_hidden(root.cuda(), hidden, prefix_lens.cuda())
+                replayed = graphs.draft_from_hidden(cuda_inputs[0], hidden, cuda_inputs[3])
             else:
-                replayed = graphs.draft(root.cuda(), tokens.cuda(), logprobs.cuda(), prefix_lens.cuda())
+                replayed = graphs.draft(*cuda_inputs)
             drafted = tree_tensors(replayed)
             packed = replayed.accept_greedy(logits).rows
         finally:

@@ -41,6 +41,11 @@ python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from 
 if [ -d "$JIT" ]; then step "JIT caches already here (warm machine)";
 elif [ -f "$G/jit-cache.tar.xz" ]; then step "restore JIT caches"; mkdir -p "$JIT"; tar -xJf "$G/jit-cache.tar.xz" -C "$JIT"; fi
 CHECK_PID=
+if [ "${K26_GRAPH_CHECK:-0}" = 1 ]; then
+  # Asked for beside a run that does not train: checked while the servers start, reported at the end.
+  python3 tests/gpu/graph_check.py > "$K/graph_check.txt" 2>&1 &
+  LATE_CHECK_PID=$!
+fi
 if [ -f "$K/models/train_report.json" ]; then
   step "model pairs already here (warm machine)"
 elif [ -f "$G/model.tar.xz" ]; then
@@ -70,6 +75,11 @@ step "matrix run $RUN (deadline ${DEADLINE}s)"
 python3 tests/gpu/e2e.py --matrix tests/gpu/matrix.json --run "$RUN" --site "$K/site" --models "$K/models" \
   --out "$OUT" --jit-dir "$JIT" --deadline-s "$DEADLINE" "${ORACLE_ARGS[@]}" ${K26_E2E_ARGS:-}
 rc=$?
+if [ -n "${LATE_CHECK_PID:-}" ]; then
+  wait "$LATE_CHECK_PID"; check_rc=$?
+  cat "$K/graph_check.txt"
+  if [ "$check_rc" -ne 0 ]; then step "graph_check failed (exit $check_rc)"; rc=1; fi
+fi
 step "pack JIT caches"
 tar -C "$JIT" -cf - . 2>/dev/null | xz -T0 -6 > "$OUT/jit-cache.tar.xz"
 size=$(stat -c %s "$OUT/jit-cache.tar.xz" 2>/dev/null || echo 0)
