@@ -58,7 +58,8 @@ class Speculative:
     budget: int = key(8, "DDTree nodes per step, 1 <= budget <= sum(topk^d for d in 1..block_size-1); "
                          "8 won the sweep at C=1 (PCIe and B300)")
     topk: int = key(4, "DDTree children per node, >= 1")
-    spine: bool = key(False, "always keep the drafter's top-1 chain: never accepts less than linear DFlash")
+    spine: bool = key(True, "keep the drafter's top-1 chain (never below linear DFlash); b8/k4 without it "
+                            "lost to DFLASH (0.99x), with it 1.16-1.66x: bench/results/gpu-session3")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from k26_ddtree.deploy.schema import Speculative
 from k26_ddtree.errors import UserError
 
 RENDER = ("render", "--allow-missing-model", "--no-verify")
+PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "profiles"
 
 
 def test_shipped_profiles_load_and_differ_where_the_hardware_does():
@@ -25,7 +27,8 @@ def test_shipped_profiles_load_and_differ_where_the_hardware_does():
     assert not ep8.service.fabric_manager
     for p in (ep8, ep4, nvl):
         assert p.speculative == Speculative(algorithm="DDTREE", block_size=8, draft_window_size=2048,
-                                            budget=8, topk=4, spine=False)
+                                            budget=8, topk=4, spine=True)
+        assert "1.17x DFLASH at C=1" in (PROFILES / f"{p.name}.yaml").read_text(), "each profile says why"
         assert p.host == "127.0.0.1" and p.attention_backend == "triton"
         assert p.python == sys.executable, "python: null means the python running k26-deploy"
 
