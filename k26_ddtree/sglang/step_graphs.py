@@ -44,6 +44,7 @@ import torch
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
 from k26_ddtree.core.tree import DDTree, build_ddtree
 from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
+from k26_ddtree.sglang.args import DDTreeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +80,18 @@ class StepTree:
         return self.graphs.verify(logits)
 
 
-def tree_step(config, root, top_tokens, top_logprobs, prefix_lens) -> StepTree:
+def tree_step(config: DDTreeConfig, root: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor,
+              prefix_lens: torch.Tensor) -> StepTree:
     """The draft piece from the merged top-K: root [B] long, top_tokens / top_logprobs [B, D, K],
-    prefix_lens [B]; config is the DDTreeConfig (budget, spine)."""
+    prefix_lens [B]."""
     tree = build_ddtree(root, top_tokens, top_logprobs, config.budget, spine=config.spine, validate=False)
     return StepTree.of_tree(tree, prefix_lens)
 
 
-def hidden_step(config, head, root, hidden, prefix_lens) -> StepTree:
+def hidden_step(config: DDTreeConfig, head, root: torch.Tensor, hidden: torch.Tensor,
+                prefix_lens: torch.Tensor) -> StepTree:
     """The draft piece from the draft hidden states [B, D, H] on one rank: head.topk_logprobs
-    (lm_head, top-K, log-sum-exp) then tree_step."""
+    (draft.DraftHead: lm_head, top-K, log-sum-exp) then tree_step."""
     batch, depth, hidden_size = hidden.shape
     tokens, logprobs = head.topk_logprobs(hidden.reshape(-1, hidden_size), config.topk)
     shape = (batch, depth, config.topk)
@@ -108,7 +111,7 @@ def _copy_rows(name: str, static: torch.Tensor, got: torch.Tensor) -> None:
 class _BucketGraphs:
     """The draft and verify graphs of one batch-size bucket, with their static buffers."""
 
-    def __init__(self, config, bucket: int, head, device: torch.device, pool):
+    def __init__(self, config: DDTreeConfig, bucket: int, head, device: torch.device, pool):
         depth, topk, n = config.block_size - 1, config.topk, config.budget + 1
         self.root = torch.zeros(bucket, dtype=torch.long, device=device)
         self.prefix_lens = torch.zeros(bucket, dtype=torch.long, device=device)
@@ -179,7 +182,7 @@ class StepGraphs:
               states (draft_from_hidden); None: from the merged top-K (draft)
     """
 
-    def __init__(self, config, buckets: Sequence[int], head=None, device="cpu"):
+    def __init__(self, config: DDTreeConfig, buckets: Sequence[int], head=None, device="cpu"):
         self.config = config
         self.buckets = sorted({int(b) for b in buckets if int(b) > 0})
         self.head = head
@@ -201,7 +204,7 @@ class StepGraphs:
         return len(self._graphs)
 
     @classmethod
-    def for_server(cls, config, server_args, device, head=None) -> StepGraphs:
+    def for_server(cls, config: DDTreeConfig, server_args, device, head=None) -> StepGraphs:
         """Graphs exactly where SGLang replays its own: CUDA, graphs on, its --cuda-graph-bs
         (filled in by ServerArgs), up to the first that holds --max-running-requests."""
         if torch.device(device).type != "cuda" or server_args.disable_cuda_graph:
