@@ -45,12 +45,14 @@ def compile_ddtree_retrieve(tree: DDTree) -> tuple[torch.Tensor, torch.Tensor, t
     return retrieve_index, links[0], links[1]
 
 
-@lru_cache(maxsize=64)
+# Unbounded on purpose (a handful of shapes per server): captured CUDA graphs read these
+# tensors, and an evicted one would leave a graph reading freed memory.
+@lru_cache(maxsize=None)
 def _global_index(batch: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(batch * n, device=device).view(batch, n)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=None)
 def _link_constants(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """([N, N] bool: column index > row index, [N] long 0..N-1, 0-dim long -1), made
     once per size; a Python -1 in torch.where would cost a fill kernel per call."""

@@ -134,10 +134,11 @@ class _Constants:
     no_parent: torch.Tensor  # 0-dim long -1 (a Python -1 in torch.where costs a fill kernel)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=None)
 def _constants(depth: int, topk: int, budget: int, spine: bool, device: torch.device) -> _Constants:
     """Device constants of one tree shape, made once (so CUDA graph capture after a
-    warm-up call finds them ready) and never written to."""
+    warm-up call finds them ready) and never written to; never evicted either, since
+    captured graphs read them."""
     plan = _plan(depth, topk, budget, spine)
     size = plan.table_size
     depths = [0] + [d + 1 for d, n in enumerate(plan.kept) for _ in range(n)]

@@ -129,10 +129,11 @@ def _pow2(n: int) -> int:
     return max(2, triton.next_power_of_2(n))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=None)
 def _kept(kept: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The per-depth survivor counts as a device tensor, made once per shape (so CUDA
-    graph capture after a warm-up call finds it ready) and never written to."""
+    graph capture after a warm-up call finds it ready), never written to and never
+    evicted (captured graphs read it)."""
     return torch.tensor(kept, dtype=torch.int32, device=device)
 
 

@@ -42,7 +42,8 @@ CHAIN = TreeShape(budget=7, topk=1, spine=False)
 @dataclass(frozen=True)
 class DraftTopK:
     """The drafter's top-K at every root position of one continuation whose next D + 1
-    tokens are known (the first root is the prompt's last token).
+    tokens are known (the first root is the first generated token, the root of the first
+    decode step).
 
     tokens, logprobs  [A, D, K] descending along K
     truth             [A, D + 1] the continuation's tokens after each root

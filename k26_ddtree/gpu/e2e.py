@@ -16,14 +16,16 @@ is written by --deadline-s whatever happens.
 
 Servers can outlive the run (--keep-for RUN: those a later run needs): a warm
 machine keeps /tmp and session leaders between device calls, so the next run
-reuses every server it finds alive, healthy and started from the same code and
-models (WORK/servers.json), and pays no start-up.
+reuses every server it finds alive, healthy and started from the same bundle,
+code, models and settings (WORK/servers.json, written at every launch), pays
+no start-up, and stops every other server it finds recorded there.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -80,13 +82,7 @@ class Server:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
-        if self.pid is None:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except OSError:
-            return False
-        return True
+        return self.pid is not None and pid_alive(self.pid)
 
     def exit_code(self):
         return self.proc.returncode if self.proc is not None else "unknown"
@@ -149,20 +145,40 @@ def launch(server: Server, python: str, models: Path, settings: dict, env: dict)
     server.launched_at = time.time()
 
 
-def stop(server: Server) -> None:
-    """SIGTERM the server's process group, SIGKILL it after STOP_TIMEOUT_S (sglang drains without a deadline)."""
-    if not server.alive():
-        return
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def stop_group(pid: int, alive) -> None:
+    """SIGTERM a server's process group, SIGKILL it after STOP_TIMEOUT_S (sglang drains without a deadline)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(server.pid, sig)
+            os.killpg(pid, sig)
         except ProcessLookupError:
             return
         until = time.time() + STOP_TIMEOUT_S
-        while server.alive() and time.time() < until:
+        while alive() and time.time() < until:
             time.sleep(0.2)
-        if not server.alive():
+        if not alive():
             return
+
+
+def stop(server: Server) -> None:
+    if server.alive():
+        stop_group(server.pid, server.alive)
+
+
+def in_parallel(calls) -> None:
+    """Run the zero-argument callables at once and wait for all (stops and probes of many servers)."""
+    threads = [threading.Thread(target=call, daemon=True) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -250,7 +266,7 @@ def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_t
         try:
             out = post_json(server.url + "/generate", payload, timeout=max(5.0, min(REQUEST_TIMEOUT_S,
                                                                                     deadline - time.time())))
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, http.client.HTTPException) as err:
             return {"prompt": index, "error": f"{type(err).__name__}: {err}"}
         meta = out.get("meta_info", {})
         ids_out = out.get("output_ids")
@@ -358,16 +374,17 @@ def gpu_name() -> str:
         return "no nvidia-smi"
 
 
-def overall(servers_out: list[dict], speed_cells: list[dict] = ()) -> str:
-    """PASS, FAIL (what failed) or INCOMPLETE (what was skipped or cut): a skipped server is not a pass."""
+def overall(servers_out: list[dict], speed_cells: list[dict] = (), idle: set[str] = frozenset()) -> str:
+    """PASS, FAIL (what failed) or INCOMPLETE (what was skipped or cut): a skipped server is not a pass.
+    `idle` servers are started (and checked) by this run but serve their cells in a later one."""
     bad, skipped = [], []
-    measured = {c["server"] for c in speed_cells if c["repeats"]}
+    measured = {c["server"] for c in speed_cells if c["repeats"]} | set(idle)
     for s in servers_out:
         if s["status"].startswith("skipped"):
             skipped.append(s["name"])
         elif s["status"] not in ("stopped", "kept running"):
             bad.append(f"{s['name']}: {s['status']}")
-        elif not s["cells"] and s["name"] not in measured and s["status"] != "kept running":
+        elif not s["cells"] and s["name"] not in measured:
             bad.append(f"{s['name']}: served no workload")
         bad += [f"{s['name']}/{c['workload']}: {c['verdict']}" for c in s["cells"] if c["verdict"] == "FAIL"]
     bad += [f"{c['server']}/{c['cell']}: speed FAIL" for c in speed_cells if c["verdict"] == "FAIL"]
@@ -409,34 +426,41 @@ def oracle_agreement(carried: Path, reference: dict) -> dict:
 
 # --- reuse across device calls ---------------------------------------------------------------------
 
+# Settings that change only how the runner waits for servers, not what a server is.
+HARNESS_SETTINGS = ("ready_timeout_s", "launch_stagger_s")
+
+
 def fingerprint(site: Path, models: Path, settings: dict) -> str:
-    """What a reused server must share with this run: the k26_ddtree it runs, the model pair and
-    the server settings."""
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for path in sorted((site / "k26_ddtree").rglob("*.py")):
-        digest.update(str(path.relative_to(site)).encode() + path.read_bytes())
-    for name in ("train_report.json", "prompts.json"):
+    """What a reused server must share with this run: the installed bundle and the k26_ddtree
+    it runs, the model pair and the server settings."""
+    served = {k: v for k, v in settings.items() if k not in HARNESS_SETTINGS}
+    digest = hashlib.sha256(json.dumps(served, sort_keys=True).encode())
+    for path in [site / ".k26-bundle", *sorted((site / "k26_ddtree").rglob("*.py"))]:
+        if path.is_file():
+            digest.update(str(path.relative_to(site)).encode() + path.read_bytes())
+    for name in (".k26-model", "train_report.json", "prompts.json"):
         if (models / name).is_file():
             digest.update((models / name).read_bytes())
     return digest.hexdigest()
 
 
-def load_kept(state: Path, expected: str) -> dict:
-    """{name: {"port", "pid", "launched_at"}} of the servers an earlier run left running for this
-    code, models and settings. Servers kept for anything else are stopped: they would hold GPU
-    memory and ports, and nothing can use them."""
+def read_state(state: Path, expected: str) -> dict:
+    """{name: {"port", "pid", "launched_at", "keep"}} of the servers an earlier run kept for
+    this code, models and settings. Every other recorded server is stopped: kept for something
+    else, or left behind by a run that was killed, it holds GPU memory and a port, and nothing
+    can use it."""
     try:
-        kept = json.loads(state.read_text())
+        recorded = json.loads(state.read_text())
     except (OSError, ValueError):
         return {}
-    if kept.get("fingerprint") == expected:
-        return kept.get("servers", {})
-    for name, old in kept.get("servers", {}).items():
-        stale = Server(matrix.parse_server(name), int(old["port"]), Path(os.devnull), pid=int(old["pid"]))
-        say(f"stopping {name} (pid {stale.pid}), kept by a run of other code, models or settings")
-        stop(stale)
-    state.unlink(missing_ok=True)
-    return {}
+    servers = recorded.get("servers", {})
+    usable = recorded.get("fingerprint") == expected
+    stale = {n: e for n, e in servers.items() if not (usable and e.get("keep"))}
+    for name, entry in stale.items():
+        say(f"stopping {name} (pid {entry['pid']}): " + ("left by a killed run" if usable else
+                                                          "kept by a run of other code, models or settings"))
+    in_parallel(lambda pid=int(e["pid"]): stop_group(pid, lambda: pid_alive(pid)) for e in stale.values())
+    return {n: e for n, e in servers.items() if n not in stale}
 
 
 class Stagger:
@@ -472,16 +496,26 @@ class MatrixRun:
             names = [n for n in names if n in args.only or n == "ar"]
         self.is_speed = str(args.run) in self.spec.get("speed_runs", [])
         self.settings = dict(self.spec["server"], **self.spec.get("run_settings", {}).get(str(args.run), {}))
-        prompts_doc = json.loads((args.models / "prompts.json").read_text())
-        self.prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: self.spec["prompts"]]
+        try:
+            prompts_doc = json.loads((args.models / "prompts.json").read_text())
+            self.prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: self.spec["prompts"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UserError(f"{args.models}/prompts.json is missing or not the model pair's prompts ({err}); "
+                            "make the pair with `python -m k26_ddtree.gpu.train --out DIR`") from None
+        unknown = [run for run in args.keep_for if run not in self.spec["runs"]]
+        if unknown:
+            raise UserError(f"--keep-for {unknown[0]}: no such run in {args.matrix} (runs: {', '.join(self.spec['runs'])})")
+        if args.oracle_file is not None and not args.oracle_file.is_file():
+            raise UserError(f"--oracle-file {args.oracle_file}: no such file")
         args.out.mkdir(parents=True, exist_ok=True)
         self.logs = args.work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.state = args.work / "servers.json"
         self.oracle_path = args.work / "oracle.json"
-        self.carried_oracle = args.oracle_file if args.oracle_file and args.oracle_file.is_file() else None
+        self.carried_oracle = args.oracle_file
         self.servers = [Server(matrix.parse_server(n), 0, self.logs / f"{n}.log") for n in names]
         self.envs: dict[str, dict] = {}
+        self.previous: dict[str, dict] = {}  # servers earlier runs kept for other runs
         self.reference: dict | None = None
         self.ref_rows: list = []
         self.cells: dict[str, list] = {s.spec.name: [] for s in self.servers}
@@ -514,7 +548,8 @@ class MatrixRun:
     def start_servers(self) -> None:
         """Reuse what an earlier run kept, launch the rest (first wave, then the others; -oracle
         servers wait for the reference), and wait until every launched server is ready."""
-        kept = load_kept(self.state, self.fingerprint)
+        kept = read_state(self.state, self.fingerprint)
+        self.previous = {n: e for n, e in kept.items() if n not in {s.spec.name for s in self.servers}}
         used_ports = {int(k["port"]) for k in kept.values()}
         port = self.args.base_port
         to_launch = []
@@ -535,10 +570,11 @@ class MatrixRun:
         first = set(self.spec.get("first_wave", []))
         now = [s for s in to_launch if not self.waits_for_reference(s)]
         wave1 = [s for s in now if s.spec.name in first]
+        self.record_state(set())
         self.launch_and_wait(wave1)
         # The first sampling request of a process compiles flashinfer's sampling kernels
         # (about 100 s): the first wave pays it once, into the shared cache, while the rest start.
-        warmers = [threading.Thread(target=warm_sampling, args=(s,)) for s in wave1 if s.status == "ready"]
+        warmers = [threading.Thread(target=warm_sampling, args=(s,), daemon=True) for s in wave1 if s.status == "ready"]
         for t in warmers:
             t.start()
         self.launch_and_wait([s for s in now if s.spec.name not in first])
@@ -555,8 +591,20 @@ class MatrixRun:
             server.launched_at, server.ready_s = float(old.get("launched_at", 0)), 0.0
             server.pids = {server.pid} | descendants(server.pid)
             return True
+        say(f"{server.spec.name}: the kept server (pid {server.pid}) does not answer; stopping it, starting anew")
+        stop(server)
         server.pid = None
         return False
+
+    def record_state(self, keep: set[str]) -> None:
+        """WORK/servers.json: every live server of this run (kept or not) and what earlier runs
+        kept, so that a later run reuses the kept ones and stops the rest, even when this run is
+        killed before its end."""
+        mine = {s.spec.name: {"port": s.port, "pid": s.pid, "launched_at": s.launched_at, "keep": s.spec.name in keep}
+                for s in self.servers if s.pid is not None and s.alive()}
+        tmp = self.state.with_suffix(".partial")
+        tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "servers": {**self.previous, **mine}}, indent=1) + "\n")
+        tmp.replace(self.state)
 
     def waits_for_reference(self, server: Server) -> bool:
         return server.spec.oracle and self.carried_oracle is None
@@ -593,12 +641,10 @@ class MatrixRun:
             return
         for server in wave:
             self.stagger.launch(server, self.args.python, self.args.models, self.settings, self.envs[server.spec.name])
+        self.record_state(set())
         say(f"launched {', '.join(s.spec.name for s in wave)}")
-        threads = [threading.Thread(target=wait_ready, args=(s, self.ready_timeout())) for s in wave]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        timeout = self.ready_timeout()
+        in_parallel(lambda s=s: wait_ready(s, timeout) for s in wave)
 
     # reference ----------------------------------------------------------------------------------
     def take_reference(self) -> None:
@@ -664,7 +710,8 @@ class MatrixRun:
         # What the report still needs: stopping kept servers is not needed, the rest is quick.
         self.speed = speed.measure(ready, spec, self.prompts, self.reference,
                                    lambda url, ids, params: post_json(url + "/generate",
-                                                                      {"input_ids": ids, "sampling_params": params}),
+                                                                      {"input_ids": ids, "sampling_params": params},
+                                                                      timeout=max(5.0, self.time_left())),
                                    self.deadline - 12, say)
         for server in ready:
             if not server.alive():
@@ -680,33 +727,24 @@ class MatrixRun:
     def finish(self) -> dict:
         """Server info, stop what no later run needs (or keep it, recorded in WORK/servers.json),
         and write the report."""
-        keep = {n for run in self.args.keep_for for n in self.spec["runs"].get(run, [])}
+        keep = {n for run in self.args.keep_for for n in self.spec["runs"][run]}
         accept = {}
         for s in self.servers:
             if s.status == "ready" and not s.alive():
                 s.status = f"exited early (code {s.exit_code()})"
-            info = get_json(s.url + "/server_info") if s.status == "ready" else None
+
+        def server_info(s: Server) -> None:
+            info = get_json(s.url + "/server_info", timeout=5)
             if info:
-                states = info.get("internal_states") or [{}]
-                accept[s.spec.name] = states[0].get("avg_spec_accept_length")
+                accept[s.spec.name] = (info.get("internal_states") or [{}])[0].get("avg_spec_accept_length")
+
+        in_parallel(lambda s=s: server_info(s) for s in self.servers if s.status == "ready")
         self.sampler.stop_event.set()
-        kept = {}
-        stopping = []
-        for s in self.servers:
-            if s.spec.name in keep and s.status == "ready":
-                kept[s.spec.name] = {"port": s.port, "pid": s.pid, "launched_at": s.launched_at}
-                s.status = "kept running"
-            else:
-                stopping.append(threading.Thread(target=stop, args=(s,)))
-        for t in stopping:
-            t.start()
-        for t in stopping:
-            t.join()
+        in_parallel(lambda s=s: stop(s) for s in self.servers if not (s.spec.name in keep and s.status == "ready"))
         for s in self.servers:
             if s.status == "ready":
-                s.status = "stopped"
-        previous = {n: v for n, v in load_kept(self.state, self.fingerprint).items() if n not in {s.spec.name for s in self.servers}}
-        self.state.write_text(json.dumps({"fingerprint": self.fingerprint, "servers": {**previous, **kept}}, indent=1) + "\n")
+                s.status = "kept running" if s.spec.name in keep and s.alive() else "stopped"
+        self.record_state(keep)
         self.sampler.join(timeout=30)
         report = self.report(accept)
         write_outputs(self.args.out, report, self.logs)
@@ -714,7 +752,7 @@ class MatrixRun:
             spec = speed.SpeedSpec.from_matrix(self.spec)
             baseline = next((s.spec.name for s in self.servers if s.spec.algo == "DFLASH"), "ar")
             (self.args.out / f"speed-run{self.args.run}.md").write_text(
-                speed.markdown(str(self.args.run), self.speed, baseline, spec, report["device"]))
+                speed.markdown(str(self.args.run), self.speed, baseline, spec, report["device"], len(self.prompts)))
         say(f"run {self.args.run}: {report['overall']} ({report['wall_s']} s)")
         return report
 
@@ -742,7 +780,9 @@ class MatrixRun:
                 report[name] = json.loads(path.read_text())
         if self.carried_oracle and self.reference:
             report["carried_oracle_vs_this_ar"] = oracle_agreement(self.carried_oracle, self.reference)
-        report["overall"] = overall(servers_out, self.speed)
+        cells_here = self.spec.get("run_cells", {}).get(str(self.args.run))
+        idle = set() if cells_here is None else {s.spec.name for s in self.servers} - set(cells_here)
+        report["overall"] = overall(servers_out, self.speed, idle)
         return report
 
 
@@ -844,6 +884,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave running the servers matrix run RUN also starts, for a later device call on the "
                         "same warm machine to reuse (recorded in WORK/servers.json; repeatable)")
     args = parser.parse_args(argv)
+    # The device command's `timeout` sends SIGTERM: unwind through run()'s finally, so servers are
+    # recorded or stopped and the report is written.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         report = MatrixRun(args).run()
     except UserError as err:

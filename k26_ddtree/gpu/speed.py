@@ -1,16 +1,19 @@
 """Side-by-side speed on the proving ground: repeats long enough to resolve a few percent.
 
 A speed table compares servers that all run on one GPU during one device call.
-Per cell (concurrency, temperature) every server first runs one warm-up wave
-(untimed). A repeat is whole waves of `concurrency` requests, one after the
-other, until at least `min_seconds` have passed: every repeat is long enough
-by construction, and a wave always runs at full concurrency (requests of one
-length start and end together), so no tail of a few lone requests skews a
-server's rate. Repeats of one cell are interleaved across servers (repeat r
-runs every server once, the order rotated by r), so a drift of the machine
-during the cell shifts every server alike and the ratios stay fair. Each cell
-reports the median, min and max tok/s over its repeats and its acceptance;
-every greedy output is also checked against the AR reference (lossless).
+Per cell (concurrency, temperature) every server first runs one warm-up pass
+(untimed). A repeat keeps `concurrency` requests in flight (a closed loop: a
+finished request's slot takes the next at once) and stops issuing new ones at
+the first end of a whole cycle of the prompts after `min_seconds`: every repeat
+is long enough by construction, and every server's repeat covers each prompt
+equally often, so prompts of different difficulty weigh the same for all. The
+only tail is the last requests in flight, once per repeat. Repeats of one cell
+are interleaved across servers (round r runs every server once, the order
+rotated by r; a round the deadline leaves no time for is not started), so a
+drift of the machine during the cell shifts every server alike and the ratios
+stay fair. Each cell reports the median, min and max tok/s over its repeats
+and its acceptance; every greedy output is also checked against the AR
+reference (lossless).
 
 Only one workload is on the GPU at a time: the runner calls measure() once
 everything else is done.
@@ -18,11 +21,13 @@ everything else is done.
 
 from __future__ import annotations
 
+import http.client
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from k26_ddtree.gpu import lossless
 
@@ -90,6 +95,13 @@ class CellResult:
 Send = Callable[[str, list[int], dict], dict]
 
 
+class Measured(Protocol):
+    """What measure() needs of a server (e2e.Server is one)."""
+
+    spec: object  # .name, .speculative
+    url: str
+
+
 def _params(cell: dict, new_tokens: int) -> dict:
     params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": float(cell["temperature"])}
     if "top_p" in cell:
@@ -99,23 +111,35 @@ def _params(cell: dict, new_tokens: int) -> dict:
 
 def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int,
                min_seconds: float, first: int = 0):
-    """Waves of `concurrency` requests (prompts cycled from `first`) until min_seconds have
-    passed (one wave when min_seconds is 0): (Repeat, [(prompt index, reply)])."""
-
-    def one(index: int):
-        try:
-            return index, send(url, prompts[index], params)
-        except (OSError, ValueError) as err:
-            return index, {"error": f"{type(err).__name__}: {err}"}
-
-    replies = []
+    """`concurrency` requests in flight, prompts cycled from `first`, until a whole number of
+    prompt cycles (at least one, and at least `concurrency` requests) has been issued after
+    min_seconds: (Repeat, [(prompt index, reply)])."""
+    cycle = len(prompts)
+    lock = threading.Lock()
+    issued = 0
     start = time.perf_counter()
+
+    def next_prompt() -> int | None:
+        nonlocal issued
+        with lock:
+            done_cycle = issued % cycle == 0 and issued >= max(cycle, concurrency)
+            if done_cycle and time.perf_counter() - start >= min_seconds:
+                return None
+            index = (first + issued) % cycle
+            issued += 1
+            return index
+
+    def worker() -> list:
+        mine = []
+        while (index := next_prompt()) is not None:
+            try:
+                mine.append((index, send(url, prompts[index], params)))
+            except (OSError, ValueError, http.client.HTTPException) as err:
+                mine.append((index, {"error": f"{type(err).__name__}: {err}"}))
+        return mine
+
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        while True:
-            wave = [(first + len(replies) + j) % len(prompts) for j in range(concurrency)]
-            replies += pool.map(one, wave)
-            if time.perf_counter() - start >= min_seconds:
-                break
+        replies = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
     wall = time.perf_counter() - start
     ok = [r for _, r in replies if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
@@ -123,37 +147,39 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok)), replies
 
 
-def measure(servers: list, spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,
+def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,
             deadline: float, say: Callable[[str], None]) -> list[dict]:
     """The summaries (CellResult.summary) of every cell of `spec` on every server (objects with
-    .spec.name, .spec.speculative, .url), interleaved; repeats the deadline leaves no time
-    for are missing, and the cell says so."""
+    .spec.name, .spec.speculative, .url), interleaved; rounds the deadline leaves no time
+    for are not started, and the cell says so."""
     results = []
     speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
         concurrency = int(cell["concurrency"])
         params = _params(cell, spec.new_tokens)
         greedy = float(cell["temperature"]) == 0.0
-        cells = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
-                 for s in servers}
+        by_server = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
+                     for s in servers}
         longest = 0.0
         for server in servers:
+            if time.time() > deadline:
+                break
             warm, _ = run_repeat(send, server.url, prompts, params, concurrency, 0.0)
             longest = max(longest, warm.wall_s)
         for r in range(spec.repeats):
-            order = servers[r % len(servers):] + servers[: r % len(servers)]
-            for server in order:
-                result = cells[server.spec.name]
-                # A repeat lasts min_seconds plus at most one wave.
-                if time.time() + spec.min_seconds + longest > deadline:
+            # A repeat lasts min_seconds plus at most one pass; a round is one repeat per server.
+            if time.time() + len(servers) * (spec.min_seconds + longest) > deadline:
+                for result in by_server.values():
                     result.note = f"cut at the run deadline after {len(result.repeats)} repeats"
-                    continue
+                break
+            for server in servers[r % len(servers):] + servers[: r % len(servers)]:
+                result = by_server[server.spec.name]
                 repeat, replies = run_repeat(send, server.url, prompts, params, concurrency, spec.min_seconds,
-                                             first=r * concurrency)
+                                             first=r)
                 result.repeats.append(repeat)
                 if result.checked:
                     result.divergences += _divergences(replies, reference, spec.eps)
-        for result in cells.values():
+        for result in by_server.values():
             s = result.summary(speculative[result.server])
             say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "
                 f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} repeats of {s['requests_per_repeat']} requests) "
@@ -186,13 +212,13 @@ def ratio_table(summaries: list[dict], baseline: str) -> dict:
     return ratios
 
 
-def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, device: str) -> str:
+def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, device: str, prompts: int) -> str:
     ratios = ratio_table(summaries, baseline)
     cells = list(spec.cells)
     servers = list(dict.fromkeys(s["server"] for s in summaries))
     by = {(s["server"], s["cell"]): s for s in summaries}
     lines = [f"# Speed, run {run}", "",
-             f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), 8 prompts cycled; each cell the median "
+             f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), {prompts} prompts cycled; each cell the median "
              f"of {spec.repeats} repeats of >= {spec.min_seconds} s, interleaved across servers inside one server "
              f"start; ratios are medians over {baseline}'s median.", "",
              "| server | " + " | ".join(f"{c} tok/s (min-max) | x{baseline} | accept" for c in cells) + " | lossless |",

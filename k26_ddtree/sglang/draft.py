@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 
 from k26_ddtree.sglang.args import DDTreeConfig
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.server_args import ServerArgs
 
 ROWS_PER_CHUNK = 256
 
@@ -44,7 +48,9 @@ class DraftHead:
     """This rank's vocab shard of the target lm_head, as the drafter reads it.
 
     weight      [local vocab (padded), H]: base vocab rows [0, num_org), added
-                vocab rows [num_org_padded, num_org_padded + num_added)
+                vocab rows [num_org_padded, num_org_padded + num_added); held from start-up
+                (and read by the one-rank draft graph), so a weight update must write into
+                this tensor, as SGLang's loaders do, not replace it
     tp_group    SGLang's GroupCoordinator (world_size, all_gather_into_tensor);
                 None or world_size 1: this shard is the whole vocabulary
     """
@@ -174,7 +180,8 @@ class DDTreeDrafter:
         self.topk_hook = topk_hook
 
     @classmethod
-    def for_worker(cls, config: DDTreeConfig, server_args, lm_head, tp_group, device) -> DDTreeDrafter:
+    def for_worker(cls, config: DDTreeConfig, server_args: ServerArgs, lm_head, tp_group,
+                   device: torch.device | str) -> DDTreeDrafter:
         """Built at worker start-up: every step graph is captured here, none in a step."""
         head = DraftHead.of(lm_head, tp_group)
         hook = topk_hook_from_env()
@@ -184,7 +191,7 @@ class DDTreeDrafter:
         graphs.capture()
         return cls(config, head, graphs, hook)
 
-    def draft(self, verified_id: torch.Tensor, draft_hidden: torch.Tensor, batch) -> StepTree:
+    def draft(self, verified_id: torch.Tensor, draft_hidden: torch.Tensor, batch: ScheduleBatch) -> StepTree:
         """This step's tree, ancestor mask and positions.
 
         verified_id   [B] the last committed token, the root of every tree

@@ -77,7 +77,7 @@ class StepTree:
         if self.graphs is None:
             target_next = torch.argmax(logits, dim=-1).view(self.tree.tokens.shape)
             return PackedAcceptance.pack(self.tree, verify_greedy(self.tree, target_next))
-        return self.graphs.verify(logits)
+        return self.graphs.replay_accept(logits)
 
 
 def tree_step(config: DDTreeConfig, root: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor,
@@ -148,7 +148,7 @@ class _BucketGraphs:
         self.verify_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.verify_graph, pool=pool, capture_error_mode="thread_local"):
             self.packed = PackedAcceptance.pack(self.step.tree, verify_greedy(self.step.tree, self.target_next)).rows
-        self.batch = 0
+        self.rows = 0  # requests of the step replayed last
 
     def replay_draft(self, root: torch.Tensor, prefix_lens: torch.Tensor, **inputs: torch.Tensor) -> StepTree:
         batch = root.shape[0]
@@ -157,36 +157,41 @@ class _BucketGraphs:
         self.root[:batch].copy_(root)
         self.prefix_lens[:batch].copy_(prefix_lens)
         self.draft_graph.replay()
-        self.batch = batch
+        self.rows = batch
         s, t = self.step, self.step.tree
         tree = DDTree(t.tokens[:batch], t.parents[:batch], t.depths[:batch], t.node_logws[:batch], t.max_depth, True)
         retrieve = tuple(r[:batch] for r in s.retrieve)
         return StepTree(tree, s.ancestor[:batch], s.positions[:batch], retrieve, self)
 
-    def verify(self, logits: torch.Tensor) -> PackedAcceptance:
-        rows = self.batch * self.target_next.shape[1]
-        if logits.dim() != 2 or logits.shape[0] != rows:
-            raise ValueError(f"logits must be [{rows}, V] for the step's {self.batch} trees, got {list(logits.shape)}")
-        torch.argmax(logits, dim=-1, out=self.target_next[: self.batch].view(-1))
+    def replay_accept(self, logits: torch.Tensor) -> PackedAcceptance:
+        """The greedy walk on the trees of the last draft replay; logits [rows * N, V]."""
+        want = self.rows * self.target_next.shape[1]
+        if logits.dim() != 2 or logits.shape[0] != want:
+            raise ValueError(f"logits must be [{want}, V] for the step's {self.rows} trees, got {list(logits.shape)}")
+        torch.argmax(logits, dim=-1, out=self.target_next[: self.rows].view(-1))
         self.verify_graph.replay()
-        return PackedAcceptance(self.packed[: self.batch])
+        return PackedAcceptance(self.packed[: self.rows])
 
 
 class StepGraphs:
     """The DDTree step graphs of one worker (one per TP rank), per batch-size bucket.
 
-    config    the DDTreeConfig every graph is built for
-    buckets   the batch sizes captured; a batch runs in the smallest bucket that holds it;
-              larger batches, and every batch when there are no buckets, run eagerly
-    head      a one-rank draft.DraftHead: the draft graph then starts from the draft hidden
-              states (draft_from_hidden); None: from the merged top-K (draft)
+    config     the DDTreeConfig every graph is built for
+    buckets    the batch sizes captured; a batch runs in the smallest bucket that holds it;
+               larger batches, and every batch when there are no buckets, run eagerly
+    head       a one-rank draft.DraftHead: the draft graph then starts from the draft hidden
+               states (draft_from_hidden); None: from the merged top-K (draft)
+    max_batch  the largest batch the server runs (its --max-running-requests), for the
+               start-up compile of the verify kernels; default the largest bucket
     """
 
-    def __init__(self, config: DDTreeConfig, buckets: Sequence[int], head=None, device="cpu"):
+    def __init__(self, config: DDTreeConfig, buckets: Sequence[int], head=None, device="cpu",
+                 max_batch: int | None = None):
         self.config = config
         self.buckets = sorted({int(b) for b in buckets if int(b) > 0})
         self.head = head
         self.device = torch.device(device)
+        self.max_batch = int(max_batch or self.max_bs or 1)
         self._graphs: dict[int, _BucketGraphs] = {}
         self._pool = None
 
@@ -205,15 +210,15 @@ class StepGraphs:
 
     @classmethod
     def for_server(cls, config: DDTreeConfig, server_args, device, head=None) -> StepGraphs:
-        """Graphs exactly where SGLang replays its own: CUDA, graphs on, its --cuda-graph-bs
-        (filled in by ServerArgs), up to the first that holds --max-running-requests."""
-        if torch.device(device).type != "cuda" or server_args.disable_cuda_graph:
-            return cls(config, [], head, device)
-        buckets = sorted(server_args.cuda_graph_bs or [int(server_args.cuda_graph_max_bs or 0)])
+        """Graphs where SGLang replays its own: CUDA, graphs on, its --cuda-graph-bs (filled in by
+        ServerArgs), up to the first that holds --max-running-requests (DFLASH always sets it)."""
         cap = server_args.max_running_requests
+        if torch.device(device).type != "cuda" or server_args.disable_cuda_graph:
+            return cls(config, [], head, device, max_batch=cap)
+        buckets = sorted(server_args.cuda_graph_bs or [int(server_args.cuda_graph_max_bs or 0)])
         if cap:
             buckets = [b for b in buckets if b < cap] + [b for b in buckets if b >= cap][:1]
-        return cls(config, buckets, head, device)
+        return cls(config, buckets, head, device, max_batch=cap)
 
     def capture(self) -> None:
         """Capture every bucket now (at start-up) rather than on first use. Without buckets
@@ -227,7 +232,7 @@ class StepGraphs:
         if self.device.type == "cuda":
             from k26_ddtree.sglang import verify_kernels
 
-            verify_kernels.warm_up(self.config.budget + 1, self.config.block_size - 1, self.buckets or [1], self.device)
+            verify_kernels.warm_up(self.config.budget + 1, self.config.block_size - 1, self.max_batch, self.device)
         if not self.buckets and self.device.type != "cpu":
             depth, topk, n = self.config.block_size - 1, self.config.topk, self.config.budget + 1
             root = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -244,8 +249,8 @@ class StepGraphs:
               prefix_lens: torch.Tensor) -> StepTree:
         """root [B], top_tokens [B, D, K] long, top_logprobs [B, D, K] float, prefix_lens [B]
         -> this step's StepTree (static buffers when replayed from a graph)."""
-        graphs = self._graphs_for(top_tokens)
-        if graphs is None or self.owns_topk:
+        graphs = None if self.owns_topk else self._graphs_for(top_tokens)
+        if graphs is None:
             return tree_step(self.config, root.to(torch.long), top_tokens, top_logprobs, prefix_lens)
         return graphs.replay_draft(root, prefix_lens, top_tokens=top_tokens, top_logprobs=top_logprobs)
 

@@ -28,7 +28,7 @@ what DFlash's sampling adds (the largest top-k, read on the host).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
@@ -46,6 +46,10 @@ from k26_ddtree.sglang.verify_utils import (
 from sglang.srt.mem_cache.common import alloc_token_slots
 from sglang.srt.speculative import dflash_utils
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 
 
 @dataclass
@@ -72,7 +76,7 @@ class DeviceCommit:
     next_hidden: torch.Tensor
 
 
-def record_on_requests(reqs, committed: List[List[int]]) -> HostCommit:
+def record_on_requests(reqs: List[Req], committed: List[List[int]]) -> HostCommit:
     """Append each request's committed tokens as DFlash does (stopping at a finish, feeding
     the grammar), and count the step in its spec metrics and KV lengths."""
     host = HostCommit([], [], [])
@@ -97,7 +101,7 @@ def record_on_requests(reqs, committed: List[List[int]]) -> HostCommit:
     return host
 
 
-def commit_on_device(batch, num_nodes: int, acceptance: PackedAcceptance, host: HostCommit,
+def commit_on_device(batch: ScheduleBatch, num_nodes: int, acceptance: PackedAcceptance, host: HostCommit,
                      hidden: torch.Tensor) -> DeviceCommit:
     """Keep the committed path nodes' KV (req_to_token, in depth order), free every other
     node's slot, advance the batch's lengths, and gather the next draft context.
@@ -144,7 +148,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             step=step,
         )
 
-    def prepare_for_verify(self, batch, page_size: int, *, build_custom_mask: bool = True) -> None:
+    def prepare_for_verify(self, batch: ScheduleBatch, page_size: int, *, build_custom_mask: bool = True) -> None:
         """KV slots for every node (req_to_token[prefix, prefix + N)) and the tree mask."""
         if batch.forward_mode.is_idle():
             return
@@ -164,7 +168,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         )
         self.custom_mask = verify_custom_mask(self.step.ancestor, batch.seq_lens, batch.seq_lens_cpu)
 
-    def accept(self, batch, logits: torch.Tensor) -> PackedAcceptance:
+    def accept(self, batch: ScheduleBatch, logits: torch.Tensor) -> PackedAcceptance:
         """The accepted path and bonus of every request; logits [B * N, V] (adjusted in place
         for penalties, logit bias and custom processors first, as DFlash does)."""
         bs = batch.batch_size()
@@ -183,7 +187,8 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             acc = verify_sampling(self.tree, probs)
         return PackedAcceptance.pack(self.tree, acc)
 
-    def verify(self, *, batch, logits_output, page_size: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int]]:
+    def verify(self, *, batch: ScheduleBatch, logits_output: LogitsProcessorOutput,
+               page_size: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int]]:
         """Same contract as DFlashVerifyInput.verify: (new_verified_id [B] i64,
         commit_lens [B] i32, next_target_hidden [sum(commit_lens), F],
         accepted draft tokens per request on the CPU)."""

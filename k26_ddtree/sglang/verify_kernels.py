@@ -6,8 +6,11 @@ slots. As torch ops each is about a dozen small kernels per step, and at serving
 batch sizes their launches cost more than the work.
 
 Both read the whole batch's per-request lengths into one block (B_PAD >= B,
-rounded up to a power of two of at least 16, so only a few variants compile)
-to find where their request's entries start: a prefix sum inside the program.
+rounded up to a power of two of at least 16) to find where their request's
+entries start: a prefix sum inside the program. The batch size and the strides
+are not specialised on (Triton would compile a variant for B = 1 and for
+multiples of 16), so one compiled variant per B_PAD class serves every batch,
+and warm_up compiles them all at start-up.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def _batch_pad(batch: int) -> int:
     return max(16, triton.next_power_of_2(batch))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _custom_mask_kernel(
     ancestor_ptr,  # [B, N, N] bool
     prefix_ptr,  # [B] int
@@ -68,7 +71,7 @@ def verify_custom_mask_fused(ancestor: torch.Tensor, prefix_lens: torch.Tensor, 
     return mask
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["path_stride", "req_to_token_stride", "B"])
 def _commit_kernel(
     path_ptr,  # [B, P] long, row stride path_stride: accepted local node indices, root first
     path_stride,
@@ -112,8 +115,11 @@ def _commit_kernel(
 
 def commit_path_fused(path, commit_lens, node_slots, req_to_token, req_pool_indices, prefix_lens, total: int):
     """commit_path's (kept slots [T], freed slots [B * N - T], kept nodes [T]) from one launch,
-    writing req_to_token on the way."""
+    writing req_to_token on the way; path's rows are strided (a view of the packed acceptance),
+    its columns contiguous."""
     batch, n = node_slots.shape
+    if path.stride(1) != 1:
+        raise ValueError(f"path columns must be contiguous, got strides {path.stride()}")
     out = torch.empty(2 * batch * n, dtype=torch.long, device=node_slots.device)
     if batch:
         width = path.shape[1]
@@ -136,11 +142,11 @@ def commit_path_fused(path, commit_lens, node_slots, req_to_token, req_pool_indi
     return out[:total], out[total : batch * n], out[batch * n : batch * n + total]
 
 
-def warm_up(num_nodes: int, depth: int, batch_sizes, device) -> None:
-    """Compile both kernels for every batch-size class a server will meet, at start-up rather than
-    in a decode step (each class of B_PAD is its own compiled variant)."""
+def warm_up(num_nodes: int, depth: int, max_batch: int, device) -> None:
+    """Compile both kernels for every batch-size class up to max_batch (each B_PAD class is its
+    own compiled variant), at start-up rather than in a decode step."""
     width = depth + 1
-    for batch in sorted({_batch_pad(b) for b in batch_sizes}):
+    for batch in sorted({_batch_pad(b) for b in range(1, max(1, max_batch) + 1)}):
         ancestor = torch.eye(num_nodes, dtype=torch.bool, device=device).expand(batch, -1, -1)
         prefix = torch.zeros(batch, dtype=torch.long, device=device)
         verify_custom_mask_fused(ancestor, prefix, batch * num_nodes * num_nodes)

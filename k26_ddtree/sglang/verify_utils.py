@@ -21,6 +21,7 @@ torch ops elsewhere; neither syncs with the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ from k26_ddtree.core.tree import DDTree
 from k26_ddtree.core.verify import Acceptance
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.speculative import dflash_utils, spec_utils
+
+if TYPE_CHECKING:
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 
 def verify_custom_mask(ancestor: torch.Tensor, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor,
@@ -135,9 +139,9 @@ def _top_p_renorm(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def target_probs(logits: torch.Tensor, sampling_info, num_nodes: int) -> torch.Tensor:
+def target_probs(logits: torch.Tensor, sampling_info: SamplingBatchInfo, num_nodes: int) -> torch.Tensor:
     """[B, N, V] the target's next-token law at every node: temperature, then top-k
-    (top-k first, as DFlash does), then top-p."""
+    (top-k first, as DFlash does), then top-p. min_p is not applied, as in DFlash's verify."""
     temperatures = torch.repeat_interleave(sampling_info.temperatures, num_nodes, dim=0)
     scaled = logits / temperatures
     vocab = scaled.shape[-1]
@@ -168,13 +172,15 @@ def target_probs(logits: torch.Tensor, sampling_info, num_nodes: int) -> torch.T
 
 
 def kernel_sampling(tree: DDTree, retrieve: tuple[torch.Tensor, torch.Tensor, torch.Tensor], probs: torch.Tensor,
-                    kernel) -> Acceptance:
+                    kernel: Callable) -> Acceptance:
     """Sample-and-match through sgl_kernel's tree_speculative_sampling_target_only.
 
     retrieve: compile_ddtree_retrieve(tree). The kernel walks first-child / next-sibling
     lists with one coin per level and accepts a child when the coin falls under the
-    running target mass of the siblings tried; with both thresholds 1 that is exact. It
-    writes rejected siblings' mass into draft_probs, hence a zeroed tensor on every call.
+    running target mass of the siblings tried; with both thresholds 1 that is exact, so
+    they are fixed at 1 (the --speculative-accept-threshold flags, which relax exactness,
+    do not apply to DDTree). It writes rejected siblings' mass into draft_probs, hence a
+    zeroed tensor on every call.
     """
     batch, n = tree.tokens.shape
     device = tree.tokens.device
@@ -208,7 +214,8 @@ def kernel_sampling(tree: DDTree, retrieve: tuple[torch.Tensor, torch.Tensor, to
     return Acceptance(accept_len=accept_len, path=path, next_token=predicts.to(torch.long)[last])
 
 
-def apply_logit_adjustments(logits: torch.Tensor, sampling_info, batch_size: int, num_nodes: int) -> None:
+def apply_logit_adjustments(logits: torch.Tensor, sampling_info: SamplingBatchInfo, batch_size: int,
+                            num_nodes: int) -> None:
     """Custom logit processors, penalties and logit bias, as DFlash's verify applies them."""
     if sampling_info.has_custom_logit_processor:
         apply_custom_logit_processor(logits, sampling_info, num_tokens_in_batch=num_nodes)

@@ -11,7 +11,9 @@ inputs: draft replay then greedy verify replay, both compared with the eager
 functions on the same GPU (the fused kernels) and with the CPU's torch ops.
 Every other shape starts its draft graph from draft hidden states (the
 one-rank draft piece: lm_head and top-K inside the graph; compared with the
-eager CUDA step only, since bf16 logits round differently on the CPU). Last,
+eager CUDA step only, since bf16 logits round differently on the CPU), and
+every other pair of shapes captures its buckets up front, so all four
+combinations run. Last,
 the verify's custom-mask and commit kernels against their torch ops on the GPU.
 Replays run under torch.cuda.set_sync_debug_mode("error"), so a host sync in
 them fails the case. One summary line per case (and the microseconds per step,
@@ -100,7 +102,9 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
         head = DraftHead(weight=weight, num_org=VOCAB, org_start=0, num_org_padded=VOCAB, num_added=0,
                          added_start=VOCAB)
     graphs = StepGraphs(config, BUCKETS, head, "cuda")
-    up_front = seed % 2 == 0
+    # Every pairing of the two: on one rank the worker captures every bucket up front and drafts
+    # from hidden states.
+    up_front = (seed // 2) % 2 == 0
     if up_front:
         graphs.capture()
     failures = []

@@ -23,7 +23,8 @@ mkdir -p "$OUT" "$K"
 exec > >(tee -a "$OUT/run.log") 2>&1
 step() { echo "[run.sh $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
-BUNDLE_SHA=$(cut -d' ' -f1 "$G"/k26-site-py3.12-sm90.tar.xz.sha256)
+BUNDLE_SHA=$(cut -d' ' -f1 "$G"/k26-site-py3.12-sm90.tar.xz.sha256 2>/dev/null)
+[ -n "$BUNDLE_SHA" ] || { echo "run.sh: $G/k26-site-py3.12-sm90.tar.xz.sha256 is missing (build the bundle: tests/gpu/README.md)"; exit 2; }
 if [ "$(cat "$K/site/.k26-bundle" 2>/dev/null)" = "$BUNDLE_SHA" ]; then
   step "offline bundle already installed (warm machine): reusing $K/site"
 else
@@ -41,23 +42,31 @@ python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from 
 if [ -d "$JIT" ]; then step "JIT caches already here (warm machine)";
 elif [ -f "$G/jit-cache.tar.xz" ]; then step "restore JIT caches"; mkdir -p "$JIT"; tar -xJf "$G/jit-cache.tar.xz" -C "$JIT"; fi
 CHECK_PID=
-if [ "${K26_GRAPH_CHECK:-0}" = 1 ]; then
-  # Asked for beside a run that does not train: checked while the servers start, reported at the end.
-  python3 tests/gpu/graph_check.py > "$K/graph_check.txt" 2>&1 &
-  LATE_CHECK_PID=$!
-fi
-if [ -f "$K/models/train_report.json" ]; then
+# The models folder records where it came from (the carried archive's SHA256, or "trained"), so a
+# newly carried archive replaces what an earlier call left on a warm machine.
+MODEL_SHA=trained
+if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1); fi
+if [ -f "$K/models/train_report.json" ] && [ "$(cat "$K/models/.k26-model" 2>/dev/null)" = "$MODEL_SHA" ]; then
   step "model pairs already here (warm machine)"
 elif [ -f "$G/model.tar.xz" ]; then
-  step "unpack the model pairs"; mkdir -p "$K/models"; tar -xJf "$G/model.tar.xz" -C "$K/models" || exit 1
+  step "unpack the model pairs"; rm -rf "$K/models"; mkdir -p "$K/models"
+  tar -xJf "$G/model.tar.xz" -C "$K/models" || exit 1
+  echo "$MODEL_SHA" > "$K/models/.k26-model"
 else
   # The step graphs and kernels are checked beside the training: a failure there ends the run
   # before any server starts.
   step "graph_check in the background; make the model pairs (corpus, tokenizer, training)"
   python3 tests/gpu/graph_check.py > "$K/graph_check.txt" 2>&1 &
   CHECK_PID=$!
+  rm -rf "$K/models"
   python3 -m k26_ddtree.gpu.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-120}" || exit 1
   tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
+  echo trained > "$K/models/.k26-model"
+fi
+if [ -z "$CHECK_PID" ] && [ "${K26_GRAPH_CHECK:-0}" = 1 ]; then
+  # Asked for beside a run that does not train: checked while the servers start, reported at the end.
+  python3 tests/gpu/graph_check.py > "$K/graph_check.txt" 2>&1 &
+  LATE_CHECK_PID=$!
 fi
 cat "$K/models/train_report.json" 2>/dev/null
 if [ -n "$CHECK_PID" ]; then

@@ -142,10 +142,10 @@ def test_start_up_without_graphs_runs_one_eager_step():
 def test_replayed_steps_refuse_inputs_of_the_wrong_shape():
     """The graph path copies into static buffers, where a wrong shape would broadcast silently."""
     bucket = _BucketGraphs.__new__(_BucketGraphs)
-    bucket.batch = 3
+    bucket.rows = 3
     bucket.target_next = torch.zeros(8, 17, dtype=torch.long)
     with pytest.raises(ValueError, match=r"logits must be \[51, V\] for the step's 3 trees"):
-        bucket.verify(torch.zeros(17, VOCAB))
+        bucket.replay_accept(torch.zeros(17, VOCAB))
     bucket.inputs = {"top_tokens": torch.zeros(8, DEPTH, 4, dtype=torch.long)}
     bucket.root = torch.zeros(8, dtype=torch.long)
     with pytest.raises(ValueError, match=r"top_tokens must be \[B, 7, 4\] torch.int64"):
