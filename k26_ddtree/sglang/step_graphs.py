@@ -121,13 +121,13 @@ class _BucketGraphs:
             self.top_logprobs = -torch.arange(topk, dtype=torch.float32, device=device).expand(bucket, depth, topk).clone()
             self.inputs = {"top_tokens": self.top_tokens, "top_logprobs": self.top_logprobs}
 
-            def draft() -> StepTree:
+            def build() -> StepTree:
                 return tree_step(config, self.root, self.top_tokens, self.top_logprobs, self.prefix_lens)
         else:
             self.hidden = torch.zeros(bucket, depth, head.weight.shape[1], dtype=head.weight.dtype, device=device)
             self.inputs = {"hidden": self.hidden}
 
-            def draft() -> StepTree:
+            def build() -> StepTree:
                 return hidden_step(config, head, self.root, self.hidden, self.prefix_lens)
         self.target_next = torch.zeros(bucket, n, dtype=torch.long, device=device)
 
@@ -136,7 +136,7 @@ class _BucketGraphs:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            warm = draft()
+            warm = build()
             PackedAcceptance.pack(warm.tree, verify_greedy(warm.tree, self.target_next))
         torch.cuda.current_stream(device).wait_stream(side)
 
@@ -144,7 +144,7 @@ class _BucketGraphs:
         # them must neither fail nor invalidate this capture.
         self.draft_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.draft_graph, pool=pool, capture_error_mode="thread_local"):
-            self.step = draft()
+            self.step = build()
         self.verify_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.verify_graph, pool=pool, capture_error_mode="thread_local"):
             self.packed = PackedAcceptance.pack(self.step.tree, verify_greedy(self.step.tree, self.target_next)).rows
