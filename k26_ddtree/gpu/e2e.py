@@ -761,6 +761,7 @@ class MatrixRun:
         for s in self.servers:
             servers_out.append({"name": s.spec.name, "algo": s.spec.algo, "budget": s.spec.budget, "topk": s.spec.topk,
                                 "drafter": s.spec.drafter, "eager": s.spec.eager, "spine": s.spec.spine,
+                                "tp": s.spec.tp, "ep": s.spec.ep,
                                 "status": s.status, "reused": s.reused, "port": s.port, "ready_s": s.ready_s,
                                 "capture_s": capture_seconds(s.log), "peak_mem_mib": s.peak_mem_mib,
                                 "fatal_log_lines": fatal_lines(s.log),

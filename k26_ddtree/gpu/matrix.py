@@ -2,7 +2,9 @@
 
 Server names say everything: `ar`, `dflash` or `dflash-weak`, and
 `ddtree-b<budget>-k<topk>-<real|weak|oracle>`, a DDTree name optionally suffixed `-spine`
-(--speculative-ddtree-spine), and any name optionally suffixed `-eager` (no CUDA graphs).
+(--speculative-ddtree-spine), any name optionally suffixed `-tp2` (tensor parallel over two
+GPUs) or `-tp2-ep2` (and expert parallel, the PCIe profile's shape at small scale), and then
+`-eager` (no CUDA graphs).
 The drafter: `real` is the trained drafter (accepts about 8 of 8), `weak` the imperfect
 one (fewer steps, less capacity: linear DFlash accepts 3-4.5 of 8, as K2.x drafters do on
 real text), `oracle` the trained drafter with the test-only oracle rewriting its top-K.
@@ -26,7 +28,7 @@ TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
 _NAME = re.compile(
     r"^(ar|dflash(?P<dflash_weak>-weak)?|ddtree-b(?P<b>\d+)-k(?P<k>\d+)-(?P<drafter>real|weak|oracle)"
-    r"(?P<spine>-spine)?)(?P<eager>-eager)?$"
+    r"(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
 )
 # The drafter checkpoint folder of each drafter kind, under the models folder.
 DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak"}
@@ -45,6 +47,8 @@ class ServerSpec:
     drafter: str = "real"  # real, weak or oracle
     eager: bool = False
     spine: bool = False
+    tp: int = 1
+    ep: int = 1
 
     @property
     def speculative(self) -> bool:
@@ -59,17 +63,17 @@ def parse_server(name: str) -> ServerSpec:
     m = _NAME.match(name)
     if not m:
         raise UserError(f"server name {name!r}: expected ar, dflash[-weak] or "
-                        "ddtree-b<B>-k<K>-<real|weak|oracle>[-spine], optionally with -eager")
-    eager = bool(m.group("eager"))
+                        "ddtree-b<B>-k<K>-<real|weak|oracle>[-spine], optionally with -tp2 or -tp2-ep2, then -eager")
+    shape = dict(eager=bool(m.group("eager")), tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1)
     if name.startswith("ar"):
-        return ServerSpec(name, "AR", eager=eager)
+        return ServerSpec(name, "AR", **shape)
     if name.startswith("dflash"):
-        return ServerSpec(name, "DFLASH", drafter="weak" if m.group("dflash_weak") else "real", eager=eager)
+        return ServerSpec(name, "DFLASH", drafter="weak" if m.group("dflash_weak") else "real", **shape)
     budget, topk = int(m.group("b")), int(m.group("k"))
     if not (1 <= budget <= max_budget(BLOCK_SIZE - 1, topk)) or topk < 1:
         raise UserError(f"server {name}: budget {budget} with topk {topk} is not valid "
                         f"(1 <= budget <= sum of topk^d for d=1..{BLOCK_SIZE - 1})")
-    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter"), eager, bool(m.group("spine")))
+    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter"), spine=bool(m.group("spine")), **shape)
 
 
 def load(path: Path) -> dict:
@@ -99,6 +103,11 @@ def server_command(spec: ServerSpec, models: Path, port: int, settings: dict) ->
            # An idle SGLang scheduler otherwise spins a core at 100%: with many servers on one
            # box that steals the CPU the measured server's host-bound steps run on.
            "--sleep-on-idle"]
+    if spec.tp > 1:
+        cmd += ["--tp-size", str(spec.tp)]
+    if spec.ep > 1:
+        # The pcie-ep8 profile's MoE all-to-all backend (none: EP without DeepEP).
+        cmd += ["--ep-size", str(spec.ep), "--moe-a2a-backend", "none"]
     if spec.eager:
         cmd.append("--disable-cuda-graph")
     else:

@@ -125,3 +125,20 @@ def test_drafter_kinds_pick_their_checkpoint_and_servers_sleep_when_idle():
     assert "--speculative-algorithm DFLASH --speculative-draft-model-path /m/drafter-weak" in dflash_weak
     assert "--sleep-on-idle" in weak
     assert matrix.parse_server("ddtree-b8-k4-oracle").oracle and not matrix.parse_server("dflash-weak").oracle
+
+
+def test_tp2_and_ep2_servers_shard_over_two_gpus_against_the_tp1_reference():
+    settings = {"mem_fraction_static": 0.05, "context_length": 1024, "max_total_tokens": 65536,
+                "max_running_requests": 16, "cuda_graph_bs": [1, 16]}
+    tp = " ".join(matrix.server_command(matrix.parse_server("ddtree-b64-k8-weak-spine-tp2"), Path("/m"), 1, settings))
+    ep = " ".join(matrix.server_command(matrix.parse_server("ddtree-b16-k4-weak-spine-tp2-ep2"), Path("/m"), 1,
+                                        settings))
+    assert "--tp-size 2" in tp and "--ep-size" not in tp
+    assert "--tp-size 2 --ep-size 2 --moe-a2a-backend none" in ep
+    run = matrix.load(MATRIX)["runs"]["tp2"]
+    shapes = [matrix.parse_server(n) for n in run]
+    assert shapes[0].name == "ar" and shapes[0].tp == 1, "the TP1 AR reference"
+    assert all(s.tp == 2 for s in shapes[1:]) and any(s.ep == 2 for s in shapes) and any(s.eager for s in shapes)
+    assert {(s.budget, s.topk) for s in shapes if s.algo == "DDTREE"} >= {(b, k) for b in (8, 16, 64) for k in (4, 8)}
+    with pytest.raises(UserError):
+        matrix.parse_server("ddtree-b8-k4-real-ep2")
