@@ -1,8 +1,8 @@
 """DDTree inside SGLang 0.5.11's DFlash: the code the patched SGLang files call.
 
 This package is the only part of k26_ddtree that imports sglang (verify_input
-and verify_utils do, at import; args, guards, buffers, draft and step_graphs
-do not, so server_args.py, cuda_graph_runner.py and triton_backend.py can
+and verify_utils do, at import; args, guards, buffers, draft, step_graphs and
+trace do not, so server_args.py, cuda_graph_runner.py and triton_backend.py can
 import them without cycles). The algorithm itself is k26_ddtree.core.
 
 One decode step (spec v1, no overlap scheduler), top-down in five files:
@@ -38,6 +38,9 @@ One decode step (spec v1, no overlap scheduler), top-down in five files:
                      kernel each on CUDA, verify_kernels.py), target probabilities and
                      the sampling kernel call
   5. core/           tree.py, retrieve.py, verify.py: the algorithm, shape-documented
+  trace.py           off by default (--speculative-ddtree-trace PATH, or $K26_DDTREE_TRACE):
+                     the drafter keeps the top-8 on the StepTree, verify's last line records
+                     it with the committed tokens; TP rank 0's TraceWriter appends, capped
 
 Metrics: spec_verify_ct and spec_accept_length (= committed tokens per verify
 step = accepted drafts + 1, as DFlash counts) keep their meaning;
@@ -46,7 +49,7 @@ spec_accept_rate is accepted drafts / (verify steps * budget), i.e. the share
 of verified tree nodes that were accepted.
 
 Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
-  server_args.py                the three flags and fields; DDTREE in the algorithm
+  server_args.py                the DDTree flags and fields; DDTREE in the algorithm
                                 choices; args.normalize_algorithm first in __post_init__
                                 (DDTREE -> DFLASH); args.finalize at the end of the
                                 DFLASH branch of _handle_speculative_decoding

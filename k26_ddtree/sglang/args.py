@@ -21,15 +21,21 @@ decode-memory check and the req_to_token row width use
 `tokens_per_request_step`, so every budget >= 1 fits, including those whose
 tree is smaller than the block.
 
+The server trace (`--speculative-ddtree-trace PATH`, or K26_DDTREE_TRACE when
+the flag is not given; trace.py) is validated here too, at parse time, so a bad
+path fails the launch in one line before any weights load.
+
 Nothing here imports sglang: server_args.py imports this module.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from k26_ddtree.core.budget import codes_fit, max_budget
+from k26_ddtree.sglang.trace import TraceError, check_appendable
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,8 @@ ALGORITHM_SPELLING = "DDTREE"
 DEFAULT_TOPK = 4
 DEFAULT_BUDGET = 8
 SUPPORTED_ATTENTION_BACKEND = "triton"
+TRACE_ENV = "K26_DDTREE_TRACE"
+DEFAULT_TRACE_MAX_MB = 1024
 
 
 class DDTreeArgsError(ValueError):
@@ -72,7 +80,7 @@ class DDTreeConfig:
 
 
 def add_cli_args(parser) -> None:
-    """The three DDTree flags (each needs a ServerArgs field of the same name)."""
+    """The DDTree flags (each needs a ServerArgs field of the same name)."""
     parser.add_argument(
         "--speculative-ddtree-budget",
         type=int,
@@ -92,6 +100,23 @@ def add_cli_args(parser) -> None:
         action="store_true",
         default=False,
         help="DFLASH with DDTree: always include the top-1 chain, so acceptance is never below linear DFLASH.",
+    )
+    parser.add_argument(
+        "--speculative-ddtree-trace",
+        type=str,
+        default=None,
+        metavar="PATH",
+        help="DFLASH with DDTree: append, per decode step and request, the drafter's top-8 tokens and log-probs "
+        f"at every depth and the tokens the step committed to this file (k26-deploy tune reads it). Default "
+        f"${TRACE_ENV}, else off.",
+    )
+    parser.add_argument(
+        "--speculative-ddtree-trace-max-mb",
+        type=int,
+        default=DEFAULT_TRACE_MAX_MB,
+        metavar="N",
+        help=f"DFLASH with DDTree: stop tracing, with a warning, before the trace file passes N MB "
+        f"(default {DEFAULT_TRACE_MAX_MB}).",
     )
 
 
@@ -118,6 +143,11 @@ def normalize_algorithm(server_args) -> None:
             raise DDTreeArgsError(
                 "--speculative-ddtree-topk and --speculative-ddtree-spine need --speculative-ddtree-budget "
                 "(DDTree is on only when a budget is given)"
+            )
+        if server_args.speculative_ddtree_trace is not None:
+            raise DDTreeArgsError(
+                "--speculative-ddtree-trace needs DDTree on (--speculative-ddtree-budget, or "
+                "--speculative-algorithm DDTREE)"
             )
         return
 
@@ -178,6 +208,7 @@ def finalize(server_args) -> None:
         raise DDTreeArgsError(
             f"DDTree keeps the accepted tree path's KV slots, which needs --page-size 1 (got {server_args.page_size})"
         )
+    resolve_trace(server_args, depth=block_size - 1)
     server_args.speculative_dflash_block_size = block_size
     server_args.speculative_num_draft_tokens = budget + 1
     logger.info(
@@ -188,6 +219,25 @@ def finalize(server_args) -> None:
         block_size,
         budget + 1,
     )
+
+
+def resolve_trace(server_args, depth: int) -> None:
+    """The trace path, from the flag or else TRACE_ENV, made absolute (the scheduler processes and
+    the log then name one file); refused when a server drafting `depth` positions cannot append to it."""
+    max_mb = server_args.speculative_ddtree_trace_max_mb
+    if int(max_mb) < 1:
+        raise DDTreeArgsError(f"--speculative-ddtree-trace-max-mb must be >= 1, got {max_mb}")
+    source, path = "--speculative-ddtree-trace", server_args.speculative_ddtree_trace
+    if path is None:
+        source, path = TRACE_ENV, os.environ.get(TRACE_ENV) or None
+    if path is None:
+        return
+    path = os.path.abspath(path)
+    try:
+        check_appendable(path, depth)
+    except TraceError as err:
+        raise DDTreeArgsError(f"{source}: {err}") from None
+    server_args.speculative_ddtree_trace = path
 
 
 def draft_block_size(server_args) -> int:

@@ -17,6 +17,10 @@ DDTreeDrafter.draft is what the worker calls. On one rank with no top-K hook
 the whole draft piece (lm_head, top-K, tree, mask, positions) replays from one
 CUDA graph (step_graphs); under TP the top-K and its all_gather run eagerly
 and the graph starts from the merged top-K.
+
+While the server traces (trace.py) the top-K is computed eagerly with
+K = max(8, topk) on every rank, so the record gets the top-8 whatever the served
+topk; the tree takes the first topk of them through the same top-K graph path.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import torch.nn.functional as F
 
 from k26_ddtree.sglang.args import DDTreeConfig
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
+from k26_ddtree.sglang.trace import TOPK as TRACE_TOPK
+from k26_ddtree.sglang.trace import StepDraft, TraceWriter
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -171,25 +177,39 @@ def topk_hook_from_env() -> TopKHook | None:
 
 
 class DDTreeDrafter:
-    """The draft half of a worker's DDTree step: its config, lm_head shard, step graphs and hook."""
+    """The draft half of a worker's DDTree step: its config, lm_head shard, step graphs and hook.
 
-    def __init__(self, config: DDTreeConfig, head: DraftHead, graphs: StepGraphs, topk_hook: TopKHook | None = None):
+    trace_topk  while tracing, the top-K computed per draft position (>= 8 and >= config.topk;
+                the same on every TP rank, as the all_gather needs); None when not tracing
+    trace       the trace's writer, on TP rank 0 only; None on the other ranks and when not tracing
+    """
+
+    def __init__(self, config: DDTreeConfig, head: DraftHead, graphs: StepGraphs, topk_hook: TopKHook | None = None,
+                 trace_topk: int | None = None, trace: TraceWriter | None = None):
         self.config = config
         self.head = head
         self.graphs = graphs
         self.topk_hook = topk_hook
+        self.trace_topk = trace_topk
+        self.trace = trace
 
     @classmethod
     def for_worker(cls, config: DDTreeConfig, server_args: ServerArgs, lm_head, tp_group,
-                   device: torch.device | str) -> DDTreeDrafter:
-        """Built at worker start-up: every step graph is captured here, none in a step."""
+                   device: torch.device | str, tp_rank: int) -> DDTreeDrafter:
+        """Built at worker start-up: every step graph is captured here, none in a step; TP rank 0
+        opens the trace file when the server traces."""
         head = DraftHead.of(lm_head, tp_group)
         hook = topk_hook_from_env()
-        # The graph can own the top-K only where it needs no collective and nothing rewrites it.
-        graph_head = head if head.tp_size == 1 and hook is None else None
+        traced = server_args.speculative_ddtree_trace is not None
+        # The graph can own the top-K only where it needs no collective, nothing rewrites it and
+        # the trace needs no wider top-K than the tree's.
+        graph_head = head if head.tp_size == 1 and hook is None and not traced else None
         graphs = StepGraphs.for_server(config, server_args, device, graph_head)
         graphs.capture()
-        return cls(config, head, graphs, hook)
+        if not traced:
+            return cls(config, head, graphs, hook)
+        writer = TraceWriter.for_server(server_args) if tp_rank == 0 else None
+        return cls(config, head, graphs, hook, max(TRACE_TOPK, config.topk), writer)
 
     def draft(self, verified_id: torch.Tensor, draft_hidden: torch.Tensor, batch: ScheduleBatch) -> StepTree:
         """This step's tree, ancestor mask and positions.
@@ -200,13 +220,28 @@ class DDTreeDrafter:
                       reqs for the top-K hook
         """
         hidden = draft_hidden[:, 1:, :]
+        if self.trace_topk is not None:
+            return self._traced_draft(verified_id, hidden, batch)
         if self.graphs.owns_topk:
             return self.graphs.draft_from_hidden(verified_id, hidden, batch.seq_lens)
-        batch_size, depth, hidden_size = hidden.shape
+        return self._tree(verified_id, *self._topk(hidden, self.config.topk), batch)
+
+    def _traced_draft(self, verified_id: torch.Tensor, hidden: torch.Tensor, batch: ScheduleBatch) -> StepTree:
+        tokens, logprobs = self._topk(hidden, self.trace_topk)
+        traced = None if self.trace is None else StepDraft.of(self.trace, verified_id, tokens, logprobs)
         topk = self.config.topk
+        step = self._tree(verified_id, tokens[..., :topk], logprobs[..., :topk], batch)
+        step.trace = traced
+        return step
+
+    def _topk(self, hidden: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, log-probs) [B, D, topk] of hidden [B, D, H]."""
+        batch_size, depth, hidden_size = hidden.shape
         tokens, logprobs = self.head.topk_logprobs(hidden.reshape(-1, hidden_size), topk)
-        tokens = tokens.view(batch_size, depth, topk)
-        logprobs = logprobs.view(batch_size, depth, topk)
+        return tokens.view(batch_size, depth, topk), logprobs.view(batch_size, depth, topk)
+
+    def _tree(self, verified_id: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor,
+              batch: ScheduleBatch) -> StepTree:
         if self.topk_hook is not None:
             tokens, logprobs = self.topk_hook(batch.reqs, tokens, logprobs)
         return self.graphs.draft(verified_id, tokens, logprobs, batch.seq_lens)

@@ -45,6 +45,7 @@ from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mas
 from k26_ddtree.core.tree import DDTree, build_ddtree
 from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
 from k26_ddtree.sglang.args import DDTreeConfig
+from k26_ddtree.sglang.trace import StepDraft
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class StepTree:
     positions     [B, N] long prefix length + depth
     retrieve      compile_ddtree_retrieve(tree): index, next_token, next_sibling, each [B, N] long
     graphs        the bucket graphs these tensors are outputs of; None when eager
+    trace         the drafter's top-8 for the server trace, recorded once the step commits;
+                  None when not tracing (and on TP ranks other than 0)
     """
 
     tree: DDTree
@@ -65,6 +68,7 @@ class StepTree:
     positions: torch.Tensor
     retrieve: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     graphs: _BucketGraphs | None = None
+    trace: StepDraft | None = None
 
     @classmethod
     def of_tree(cls, tree: DDTree, prefix_lens: torch.Tensor) -> StepTree:

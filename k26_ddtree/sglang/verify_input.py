@@ -15,6 +15,8 @@ block. Its verify reads top-down:
                       then the accepted paths' KV slots to req_to_token in depth
                       order (the rest freed) and the path nodes' hidden states as
                       the next draft context (verify_utils.commit_path)
+  trace_step          only while the server traces: the step's records (drafter
+                      top-8, committed tokens) to the trace writer
 
 Everything returned is a fresh tensor (index copies), never a view into the
 CUDA-graph output buffers (the target's and step_graphs'), which the next
@@ -35,6 +37,7 @@ import torch
 from k26_ddtree.core.tree import DDTree
 from k26_ddtree.core.verify import PackedAcceptance, verify_sampling
 from k26_ddtree.sglang.step_graphs import StepTree
+from k26_ddtree.sglang.trace import StepDraft
 from k26_ddtree.sglang.verify_utils import (
     apply_logit_adjustments,
     assign_node_slots,
@@ -129,6 +132,16 @@ def commit_on_device(batch: ScheduleBatch, num_nodes: int, acceptance: PackedAcc
     return DeviceCommit(new_verified_id, commit_lens.to(torch.int32), next_hidden)
 
 
+def trace_step(draft: StepDraft, reqs: List[Req], committed: List[List[int]], host: HostCommit) -> None:
+    """The step's trace records: per request the tokens it appended (cut at a finish) and its
+    decode step from 0 (record_on_requests has already counted this one)."""
+    draft.record(
+        [req.rid for req in reqs],
+        [req.spec_verify_ct - 1 for req in reqs],
+        [tokens[:length] for tokens, length in zip(committed, host.commit_lens)],
+    )
+
+
 @dataclass
 class DDTreeVerifyInput(DFlashVerifyInput):
     """DFlash's verify input carrying a DDTree: draft_token_num = budget + 1 nodes per request."""
@@ -199,7 +212,10 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         if hidden is None:
             raise RuntimeError("DDTree verify requires the target hidden states, but got None")
         acceptance = self.accept(batch, logits_output.next_token_logits)
-        host = record_on_requests(batch.reqs, acceptance.committed_on_host())
+        committed = acceptance.committed_on_host()
+        host = record_on_requests(batch.reqs, committed)
         commit = commit_on_device(batch, self.draft_token_num, acceptance, host, hidden)
         logits_output.hidden_states = None
+        if self.step.trace is not None:
+            trace_step(self.step.trace, batch.reqs, committed, host)
         return commit.new_verified_id, commit.commit_lens, commit.next_hidden, host.accepted

@@ -26,6 +26,8 @@ DDTREE_FLAGS = {
     "--speculative-ddtree-budget": "value",
     "--speculative-ddtree-topk": "value",
     "--speculative-ddtree-spine": "switch",
+    "--speculative-ddtree-trace": "value",
+    "--speculative-ddtree-trace-max-mb": "value",
 }
 
 

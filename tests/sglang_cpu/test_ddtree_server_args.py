@@ -172,3 +172,90 @@ def test_memory_estimate_grows_with_the_budget(patched_sglang, models):
     est = [verify_reserved_mem_mb(a, vocab_size=163840, context_len=32768) for a in (small, large)]
     assert est[1] / est[0] == pytest.approx(65 / 9)
     assert large.mem_fraction_static < small.mem_fraction_static <= linear.mem_fraction_static
+
+
+def ddtree_cli(models, *extra):
+    return cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton", *extra)
+
+
+def test_trace_flag_gives_an_absolute_path_and_the_default_cap(patched_sglang, models, tmp_path, monkeypatch):
+    monkeypatch.delenv("K26_DDTREE_TRACE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    args = parse(ddtree_cli(models, "--speculative-ddtree-trace", "steps.trace"))
+    assert args.speculative_ddtree_trace == str(tmp_path / "steps.trace")
+    assert args.speculative_ddtree_trace_max_mb == 1024
+    assert not (tmp_path / "steps.trace").exists(), "the worker creates the file, not the parse"
+    assert parse(ddtree_cli(models)).speculative_ddtree_trace is None
+
+
+def test_trace_environment_variable_is_the_fallback(patched_sglang, models, tmp_path, monkeypatch):
+    monkeypatch.setenv("K26_DDTREE_TRACE", str(tmp_path / "env.trace"))
+    assert parse(ddtree_cli(models)).speculative_ddtree_trace == str(tmp_path / "env.trace")
+    flag = parse(ddtree_cli(models, "--speculative-ddtree-trace", str(tmp_path / "flag.trace")))
+    assert flag.speculative_ddtree_trace == str(tmp_path / "flag.trace")
+    linear = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
+    assert linear.speculative_ddtree_trace is None, "the variable only matters with DDTree on"
+
+
+def test_trace_appends_to_an_empty_file_or_a_whole_trace_of_the_same_depth(patched_sglang, models, tmp_path):
+    from k26_ddtree.sglang import trace
+
+    empty = tmp_path / "empty.trace"
+    empty.touch()
+    assert parse(ddtree_cli(models, "--speculative-ddtree-trace", str(empty))).speculative_ddtree_trace == str(empty)
+    same = tmp_path / "same.trace"
+    same.write_bytes(trace.header_bytes({"depth": 7}) + bytes(2 * trace.record_size(7)))
+    assert parse(ddtree_cli(models, "--speculative-ddtree-trace", str(same))).speculative_ddtree_trace == str(same)
+
+
+def bad_trace_paths(tmp_path):
+    from k26_ddtree.sglang import trace
+
+    other_depth = tmp_path / "depth3.trace"
+    other_depth.write_bytes(trace.header_bytes({"depth": 3}))
+    truncated = tmp_path / "cut.trace"
+    truncated.write_bytes(trace.header_bytes({"depth": 7}) + bytes(trace.record_size(7) + 5))
+    not_a_trace = tmp_path / "notes.txt"
+    not_a_trace.write_text("my notes\n")
+    return {
+        "missing-folder": (tmp_path / "no" / "t.trace", "the folder of .* does not exist"),
+        "folder": (tmp_path, "is a folder, not a trace file"),
+        "not-a-trace": (not_a_trace, "notes.txt is not a DDTree trace .*; refusing to append to it"),
+        "other-depth": (other_depth, "depth3.trace is a trace of draft depth 3, this server drafts 7 positions"),
+        "truncated": (truncated, "cut.trace is truncated: 5 bytes of a partial record"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing-folder", "folder", "not-a-trace", "other-depth", "truncated"])
+def test_bad_trace_paths_fail_the_parse_in_one_line(patched_sglang, models, tmp_path, case):
+    from k26_ddtree.sglang.args import DDTreeArgsError
+
+    path, message = bad_trace_paths(tmp_path)[case]
+    with pytest.raises(DDTreeArgsError, match="--speculative-ddtree-trace: .*" + message) as err:
+        parse(ddtree_cli(models, "--speculative-ddtree-trace", str(path)))
+    assert "\n" not in str(err.value)
+
+
+def test_bad_trace_path_from_the_environment_names_the_variable(patched_sglang, models, tmp_path, monkeypatch):
+    from k26_ddtree.sglang.args import DDTreeArgsError
+
+    monkeypatch.setenv("K26_DDTREE_TRACE", str(tmp_path / "no" / "t.trace"))
+    with pytest.raises(DDTreeArgsError, match="^K26_DDTREE_TRACE: the folder of"):
+        parse(ddtree_cli(models))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--speculative-algorithm", "DFLASH", "--speculative-ddtree-trace", "t.trace"], "needs DDTree on"),
+        (["--speculative-algorithm", "DDTREE", "--speculative-ddtree-trace-max-mb", "0"], "must be >= 1, got 0"),
+    ],
+)
+def test_bad_trace_flags_are_rejected_with_a_clear_message(patched_sglang, models, tmp_path, monkeypatch, extra,
+                                                           message):
+    from k26_ddtree.sglang.args import DDTreeArgsError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DDTreeArgsError, match=message) as err:
+        parse(cli(models, "--attention-backend", "triton", *extra))
+    assert "\n" not in str(err.value)

@@ -62,7 +62,20 @@ def draft_logits(rows):
     return hidden
 
 
-def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_graph=True):
+def server_args(config, trace=None, max_mb=1024):
+    """What DDTreeDrafter.for_worker reads of a validated ServerArgs on the CPU."""
+    return SimpleNamespace(
+        max_running_requests=4, disable_cuda_graph=False, cuda_graph_bs=[1, 2], cuda_graph_max_bs=2,
+        model_path="/models/target", speculative_draft_model_path="/models/draft",
+        speculative_ddtree_budget=config.budget, speculative_ddtree_topk=config.topk,
+        speculative_ddtree_spine=config.spine, speculative_dflash_block_size=config.block_size,
+        speculative_ddtree_trace=trace, speculative_ddtree_trace_max_mb=max_mb,
+    )
+
+
+def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_graph=True, trace=None):
+    """head_in_graph: the drafter as the worker builds it (DDTreeDrafter.for_worker, tracing to `trace`
+    when given); False: a drafter whose graphs start from the top-K, as under TP."""
     from k26_ddtree.sglang.args import DDTreeConfig
     from k26_ddtree.sglang.draft import DDTreeDrafter, DraftHead
     from k26_ddtree.sglang.step_graphs import StepGraphs
@@ -95,9 +108,14 @@ def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_
     worker.tp_rank = 0
     worker.block_size = BLOCK
     worker.ddtree = config or DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
-    head = DraftHead.of(target_model.lm_head, SimpleNamespace(world_size=1))
-    graphs = StepGraphs(worker.ddtree, [], head if head_in_graph else None)
-    worker._ddtree_drafter = DDTreeDrafter(worker.ddtree, head, graphs)
+    tp_group = SimpleNamespace(world_size=1)
+    if head_in_graph:
+        worker._ddtree_drafter = DDTreeDrafter.for_worker(
+            worker.ddtree, server_args(worker.ddtree, trace), target_model.lm_head, tp_group, "cpu", tp_rank=0
+        )
+    else:
+        head = DraftHead.of(target_model.lm_head, tp_group)
+        worker._ddtree_drafter = DDTreeDrafter(worker.ddtree, head, StepGraphs(worker.ddtree, []))
     worker._mask_token_id = MASK_ID
     worker._warned_sampling_fallback = False
     worker._block_pos_offsets = torch.arange(BLOCK)
@@ -127,8 +145,12 @@ class Allocator:
 
 
 class Req:
-    def __init__(self, output_ids):
+    """finish_at: the request finishes once it holds this many output ids."""
+
+    def __init__(self, output_ids, rid="req", finish_at=None):
+        self.rid = rid
         self.output_ids = list(output_ids)
+        self.finish_at = finish_at
         self.grammar = None
         self.spec_verify_ct = self.spec_accepted_drafts = self.kv_committed_len = self.kv_allocated_len = 0
         self.histogram = []
@@ -137,7 +159,7 @@ class Req:
         pass
 
     def finished(self):
-        return False
+        return self.finish_at is not None and len(self.output_ids) >= self.finish_at
 
     def update_spec_acceptance_histogram(self, n):
         self.histogram.append(n)
@@ -261,3 +283,122 @@ def test_budget_one_tree_is_smaller_than_the_draft_block(patched_sglang, monkeyp
     assert batch.req_to_token_pool.req_to_token[1, 6:8].tolist() == [100, 101]
     assert allocator.freed == []
     assert batch.seq_lens.tolist() == [8]
+
+
+def decode_batch(reqs, seq_lens, allocator):
+    """A decode ScheduleBatch of these requests, as the worker step reads and updates it."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    seq_lens = torch.tensor(seq_lens)
+    return SimpleNamespace(
+        forward_mode=ForwardMode.DECODE, has_grammar=False, sampling_info=None, batch_size=lambda: len(reqs),
+        reqs=reqs, device=torch.device("cpu"), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=int(seq_lens.sum()), req_pool_indices=torch.arange(1, len(reqs) + 1),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.full((4, 64), -1, dtype=torch.int32)),
+        tree_cache=SimpleNamespace(is_chunk_cache=lambda: True, token_to_kv_pool_allocator=allocator),
+        token_to_kv_pool_allocator=allocator, spec_info=None, input_ids=None, out_cache_loc=None,
+        return_hidden_states=True,
+    )
+
+
+def decode_step(worker, batch, verified_id):
+    """One whole decode step: draft and prepare, then a target that accepts each tree's first
+    depth-1 node and offers a token outside the tree after it. Returns (tree tokens, new roots)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch.forward_mode = ForwardMode.DECODE  # as the scheduler sets it for every decode step
+    worker._prepare_for_speculative_decoding(
+        batch, SimpleNamespace(verified_id=verified_id, draft_seq_lens=batch.seq_lens.to(torch.int32))
+    )
+    verify_input = batch.spec_info
+    tokens = verify_input.tree.tokens.clone()
+    bs, n = tokens.shape
+    target_next = torch.empty(bs, n, dtype=torch.long)
+    for b in range(bs):
+        target_next[b] = next(t for t in range(VOCAB) if t not in tokens[b].tolist())
+        target_next[b, 0] = tokens[b, 1]
+    logits = torch.nn.functional.one_hot(target_next.view(-1), VOCAB).float()
+    new_verified, _, _, _ = verify_input.verify(
+        batch=batch,
+        logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=torch.zeros(bs * n, 1)),
+        page_size=1,
+    )
+    return tokens, new_verified
+
+
+def distinct_draft_hidden(batch_size):
+    """Draft hidden states whose lm_head logits have no ties, so every top-8 is one answer."""
+    gen = torch.Generator().manual_seed(7)
+    return torch.stack([torch.randperm(VOCAB, generator=gen).float() / 8 for _ in range(batch_size * BLOCK)])
+
+
+def test_traced_steps_record_the_drafters_top8_and_what_each_request_committed(patched_sglang, monkeypatch,
+                                                                               tmp_path):
+    from k26_ddtree.sglang import trace
+
+    draft_hidden = distinct_draft_hidden(2)
+    path = tmp_path / "steps.trace"
+    worker, _ = make_worker(patched_sglang, monkeypatch, draft_hidden, trace=str(path))
+    drafter = worker._ddtree_drafter
+    assert not drafter.graphs.owns_topk and drafter.trace_topk == trace.TOPK, "the top-8 is drafted eagerly"
+    untraced, _ = make_worker(patched_sglang, monkeypatch, draft_hidden)
+    # req-b finishes after one token of its second step: its record holds that token alone.
+    reqs = [Req([1, 2, 9], rid="req-a"), Req([4, 5, 7], rid="req-b", finish_at=6)]
+    batch = decode_batch(reqs, [6, 8], Allocator())
+    plain_trees, _ = decode_step(untraced, decode_batch([Req([1, 2, 9]), Req([4, 5, 7])], [6, 8], Allocator()),
+                                 torch.tensor([9, 7]))
+
+    roots, trees, appended = [], [], []
+    verified_id = torch.tensor([9, 7])
+    for _ in range(2):
+        before = [len(req.output_ids) for req in reqs]
+        roots.append(verified_id.tolist())
+        tokens, verified_id = decode_step(worker, batch, verified_id)
+        trees.append(tokens)
+        appended.append([req.output_ids[start:] for req, start in zip(reqs, before)])
+    assert torch.equal(trees[0], plain_trees), "tracing drafts the same trees"
+    assert appended[1][1] == appended[0][1][:1], "req-b stopped at its finish"
+    drafter.trace.close()
+
+    meta, steps = trace.read(path)
+    assert (meta["depth"], meta["topk"], meta["budget"], meta["topk_served"]) == (BLOCK - 1, 8, 5, 2)
+    keys = [trace.request_key("req-a"), trace.request_key("req-b")]
+    assert steps.request.tolist() == keys * 2
+    assert steps.step.tolist() == [0, 0, 1, 1]
+    assert steps.root.tolist() == roots[0] + roots[1]
+    width = BLOCK
+    assert steps.committed.tolist() == [row + [-1] * (width - len(row)) for step in appended for row in step]
+    logits = draft_hidden.view(2, BLOCK, VOCAB)[:, 1:] @ (torch.eye(VOCAB) * 4.0)
+    want = torch.log_softmax(logits, dim=-1).topk(trace.TOPK, dim=-1)
+    for s in range(2):
+        assert torch.equal(steps.tokens[2 * s:2 * s + 2], want.indices)
+        torch.testing.assert_close(steps.logprobs[2 * s:2 * s + 2], want.values)
+
+
+def test_untraced_worker_keeps_the_graph_path_and_writes_nothing(patched_sglang, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    worker, _ = make_worker(patched_sglang, monkeypatch, distinct_draft_hidden(1))
+    drafter = worker._ddtree_drafter
+    assert drafter.graphs.owns_topk, "one rank, no trace: lm_head and top-K inside the draft graph"
+    assert (drafter.trace_topk, drafter.trace) == (None, None)
+    batch = decode_batch([Req([1, 2, 9])], [6], Allocator())
+    worker._prepare_for_speculative_decoding(
+        batch, SimpleNamespace(verified_id=torch.tensor([9]), draft_seq_lens=torch.tensor([6], dtype=torch.int32))
+    )
+    assert batch.spec_info.step.trace is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_other_tp_ranks_draft_the_same_top8_but_write_nothing(patched_sglang, monkeypatch, tmp_path):
+    """Every rank must draft the same top-K width (the all_gather); only rank 0 has the file."""
+    from k26_ddtree.sglang.args import DDTreeConfig
+    from k26_ddtree.sglang.draft import DDTreeDrafter
+
+    config = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
+    drafter = DDTreeDrafter.for_worker(config, server_args(config, str(tmp_path / "t.trace")),
+                                       lm_head(patched_sglang), SimpleNamespace(world_size=1), "cpu", tp_rank=1)
+    assert (drafter.trace_topk, drafter.trace) == (8, None)
+    step = drafter.draft(torch.tensor([9]), distinct_draft_hidden(1).view(1, BLOCK, VOCAB),
+                         SimpleNamespace(seq_lens=torch.tensor([6]), reqs=[Req([9])]))
+    assert step.trace is None
+    assert list(tmp_path.iterdir()) == []

@@ -525,6 +525,8 @@ class ServerArgs:
     speculative_ddtree_budget: Optional[int] = None
     speculative_ddtree_topk: Optional[int] = None
     speculative_ddtree_spine: bool = False
+    speculative_ddtree_trace: Optional[str] = None
+    speculative_ddtree_trace_max_mb: int = ddtree_args.DEFAULT_TRACE_MAX_MB
     speculative_accept_threshold_single: float = 1.0
     speculative_accept_threshold_acc: float = 1.0
     speculative_token_map: Optional[str] = None

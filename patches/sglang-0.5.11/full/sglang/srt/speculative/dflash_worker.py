@@ -219,6 +219,7 @@ class DFlashWorker:
                 self.target_worker.model_runner.model.lm_head,
                 get_tp_group(),
                 self.device,
+                self.tp_rank,
             )
             if self.tp_rank == 0:
                 logger.info(
