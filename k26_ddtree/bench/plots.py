@@ -15,12 +15,13 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 DPI = 120
 
 
-def _color(index: int):
+def color(index: int):
     """One color per run across every panel and plot."""
     return plt.get_cmap("tab10")(index % 10)
 
 
-def _save(fig, path: Path) -> Path:
+def save_png(fig, path: Path) -> Path:
+    """Write and close `fig` as a PNG at `path`, whole (a temp file beside it, then os.replace)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
     os.close(fd)
     try:
@@ -51,7 +52,7 @@ def throughput_plot(runs: list[dict], names: list[str], path: Path) -> Path:
             if not cells:
                 continue
             xs = [c["concurrency"] for c in cells]
-            ax.plot(xs, [c["output_tok_s"] for c in cells], marker="o", label=name, color=_color(index))
+            ax.plot(xs, [c["output_tok_s"] for c in cells], marker="o", label=name, color=color(index))
             bad = [c for c in cells if c["has_errors"]]
             if bad:
                 ax.scatter([c["concurrency"] for c in bad], [c["output_tok_s"] for c in bad],
@@ -69,7 +70,7 @@ def throughput_plot(runs: list[dict], names: list[str], path: Path) -> Path:
         ax.set_visible(False)
     fig.suptitle("Output throughput vs concurrency (red x: cell with errors)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _grouped_bars(keys: list[tuple[int, int]], names: list[str], runs: list[dict], value):
@@ -83,7 +84,7 @@ def _grouped_bars(keys: list[tuple[int, int]], names: list[str], runs: list[dict
             if v is not None:
                 xs.append(position + (index - (len(runs) - 1) / 2) * width)
                 ys.append(v)
-        yield name, xs, ys, width, _color(index)
+        yield name, xs, ys, width, color(index)
 
 
 def acceptance_plot(runs: list[dict], names: list[str], path: Path) -> Path:
@@ -103,7 +104,7 @@ def acceptance_plot(runs: list[dict], names: list[str], path: Path) -> Path:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def single_user_plot(runs: list[dict], names: list[str], path: Path) -> Path:
@@ -120,7 +121,7 @@ def single_user_plot(runs: list[dict], names: list[str], path: Path) -> Path:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def write_plots(runs: list[dict], names: list[str], out_dir: Path) -> list[Path]:

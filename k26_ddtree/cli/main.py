@@ -22,6 +22,7 @@ FAMILIES = (
     "k26_ddtree.deploy.cli",     # detect, render, install, reconfigure, status, wait-ready
     "k26_ddtree.fetch.cli",      # fetch-model, verify-model
     "k26_ddtree.bench.cli",      # bench run|report|sweep
+    "k26_ddtree.tune.cli",       # tune
     "k26_ddtree.gpu.cli",        # bundle, selftest
 )
 

@@ -1,0 +1,158 @@
+"""`k26-deploy tune`: the best DDTree config per concurrency and the batch-size schedule, from a
+server trace (acceptance of every tree shape) and a `bench sweep` file (step times).
+
+torch and matplotlib are imported inside the handler, so `k26-deploy --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k26_ddtree.bench.cli import int_list, positive_int
+from k26_ddtree.errors import UserError
+
+if TYPE_CHECKING:
+    from k26_ddtree.tune.costs import Costs
+    from k26_ddtree.tune.estimate import Replay
+    from k26_ddtree.tune.report import Outcome
+
+SPINES = {"on": (True,), "off": (False,), "both": (True, False)}
+MAX_BUDGET = 64
+
+
+def _same(a, b) -> bool:
+    return os.path.normpath(str(a)) == os.path.normpath(str(b))
+
+
+def _check_trace_matches(header: dict, trace: Path, model: str | None, costs: Costs) -> None:
+    """One line for a trace of another model or DFlash block than the flag or the costs name."""
+    traced = header.get("model")
+    if model is not None and traced is None:
+        raise UserError(f"{trace}: the trace header names no model, so --model {model} cannot be checked")
+    if model is not None and not _same(traced, model):
+        raise UserError(f"{trace} is a trace of model {traced}, not of --model {model}")
+    if traced is not None and costs.models and not any(_same(traced, name) for name in costs.models):
+        raise UserError(f"{trace} is a trace of model {traced}, but {costs.source} measured "
+                        f"{', '.join(sorted(costs.models))}")
+    block = int(header["depth"]) + 1
+    if costs.block_sizes and block not in costs.block_sizes:
+        raise UserError(f"{trace} was traced with DFlash block {block}, but {costs.source} measured block "
+                        f"{', '.join(map(str, sorted(costs.block_sizes)))}")
+
+
+def _read_trace(path: Path):
+    from k26_ddtree.sglang import trace
+
+    try:
+        return trace.read(path)
+    except trace.TraceError as err:
+        raise UserError(str(err)) from None
+
+
+def _estimate(rep: Replay, quiet: bool) -> dict:
+    from k26_ddtree.progress import Reporter, TotalMeter
+    from k26_ddtree.tune.estimate import acceptance, all_shapes
+
+    shapes = all_shapes(rep.depth)
+    reporter = Reporter(sys.stderr, quiet=quiet)
+    reporter.line(f"tune: replaying {rep.steps} steps under {len(shapes)} tree shapes")
+    meter = TotalMeter("tune: acceptance", len(shapes), unit="shapes")
+
+    def on_shape(done: int) -> None:
+        meter.set_done(done)
+        reporter.tick(meter)
+
+    table = acceptance(rep, shapes, on_shape)
+    reporter.finish(meter)
+    return table
+
+
+def _write(out: Path, plot: Path, outcome: Outcome) -> None:
+    from k26_ddtree import atomic
+    from k26_ddtree.tune.plot import write_plot
+    from k26_ddtree.tune.report import chain_config, document
+
+    atomic.write_text(out, json.dumps(document(outcome), indent=1) + "\n")
+    try:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        write_plot(plot, outcome.chosen, outcome.others, chain_config(outcome), outcome.acceptance,
+                   outcome.replay.depth, outcome.costs.ar_tok_s)
+    except OSError as err:
+        raise UserError(f"cannot write the plot {plot}: {err.strerror or err}") from None
+
+
+def handle_tune(args) -> int:
+    from k26_ddtree.tune.costs import load_costs
+    from k26_ddtree.tune.estimate import all_shapes, check_drafts, replay
+    from k26_ddtree.tune.predict import choose, plan
+    from k26_ddtree.tune.report import Outcome, notes, summary, table
+
+    if not 1 <= args.min_budget <= args.max_budget <= MAX_BUDGET:
+        raise UserError(f"need 1 <= --min-budget <= --max-budget <= {MAX_BUDGET}, "
+                        f"got {args.min_budget} and {args.max_budget}")
+    costs = load_costs(args.costs, args.context)
+    header, steps = _read_trace(args.trace)
+    _check_trace_matches(header, args.trace, args.model, costs)
+    depth = int(header["depth"])
+    budgets = range(args.min_budget, args.max_budget + 1)
+    if not any(shape.budget in budgets for shape in all_shapes(depth)):
+        raise UserError(f"no tree shape of draft depth {depth} has a budget in {budgets.start}-{budgets.stop - 1}")
+    concurrencies = sorted(set(args.concurrency or costs.concurrencies()))
+    costs.require(concurrencies, budgets.start, budgets.stop - 1)
+    rep = replay(steps)
+    check_drafts(rep, str(args.trace))
+    acceptance = _estimate(rep, args.quiet)
+    plans = [plan(acceptance, depth, costs, concurrencies, spine, budgets) for spine in SPINES[args.spine]]
+    chosen = choose(plans)
+    outcome = Outcome(trace=args.trace, header=header, replay=rep, acceptance=acceptance, costs=costs,
+                      chosen=chosen, others=[p for p in plans if p is not chosen], budgets=budgets,
+                      spine_option=args.spine)
+    print("".join(f"note: {line}\n" for line in notes(outcome)))
+    print(f"Predicted (acceptance from the trace, step ms from the bench runs, * best at that C; spine "
+          f"{'on' if chosen.spine else 'off'}):\n")
+    print(table(outcome, args.top))
+    print(summary(outcome), end="")
+    out = args.out or Path(f"k26-tune-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json")
+    plot = args.plot or out.with_suffix(".png")
+    _write(out, plot, outcome)
+    print(f"tune: schedule file {out}, plot {plot}", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="best DDTree config per concurrency and the batch-size schedule, from a trace and bench step times",
+        description=(
+            "Replay a DDTree server trace (--speculative-ddtree-trace) under every tree shape (budget 1..64, "
+            "topk 1..8, spine off/on) for its exact greedy acceptance per step, take step times per "
+            "(concurrency, budget) from a `k26-deploy bench sweep` results file, and predict tok/s = C x "
+            "acceptance / step time. Prints config x concurrency (acceptance, step ms, tok/s), the best "
+            "config per C with the reconfigure command that serves it today, and writes the schedule JSON "
+            "for `reconfigure --schedule-file` (not built yet) and a PNG. Predictions, not measurements."
+        ),
+    )
+    p.add_argument("--trace", type=Path, required=True, help="trace file written by the server")
+    p.add_argument("--costs", type=Path, required=True, metavar="SWEEP.json",
+                   help="bench results file (bench sweep over budgets; DFLASH and AR runs too, if any)")
+    p.add_argument("--concurrency", type=int_list, metavar="C,C,...",
+                   help="concurrencies to plan for, the schedule's buckets (default: those the costs measured)")
+    p.add_argument("--spine", choices=tuple(SPINES), default="both",
+                   help="trees with the spine, without, or both and keep the better (one value for every "
+                        "bucket; default both)")
+    p.add_argument("--min-budget", type=positive_int, default=1, metavar="B", help="smallest budget searched (default 1)")
+    p.add_argument("--max-budget", type=positive_int, default=MAX_BUDGET, metavar="B",
+                   help=f"largest budget searched (default {MAX_BUDGET}); costs must cover the searched range")
+    p.add_argument("--context", type=int_list, metavar="N,N,...",
+                   help="bench contexts whose step times count, averaged (default: every context all runs measured)")
+    p.add_argument("--model", metavar="PATH", help="the model the trace must be of (its header's model)")
+    p.add_argument("--top", type=positive_int, default=3, metavar="N", help="configs per concurrency in the table (default 3)")
+    p.add_argument("--out", type=Path, help="schedule JSON to write (default ./k26-tune-<UTC time>.json)")
+    p.add_argument("--plot", type=Path, help="PNG to write (default: --out with .png)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=handle_tune)

@@ -1,0 +1,206 @@
+"""Seconds per decode step at concurrency C and tree budget, from `k26-deploy bench` runs on the live server.
+
+A bench cell at concurrency C commits `accept_length` tokens per request per step at an
+aggregate `output_tok_s`, so its batch takes C * accept_length / output_tok_s seconds per
+step, whatever the acceptance was. The step is a draft forward (fixed per request), a
+tree build and a target verify of budget + 1 tokens per request; the verify dominates on
+K2.6, and it grows with the tokens in the batch, C * (budget + 1). So the step time is a
+function of (C, budget): topk only changes the drafter's top-K and the builder's sort a
+little, and acceptance changes what a step commits, not what it costs. Between measured
+budgets at one C the time is interpolated linearly in the tokens verified per request
+(budget + 1), and never extrapolated. Limits: on EP/MoE the verify cost follows how many
+distinct experts the batch routes to, which depends on the text; a bench cell's time
+includes prefill and its ramp and tail, as every config's cell does.
+
+DDTree runs (a budget recorded; early files label them DFLASH with a budget) give the
+tree points; a DFLASH run without one is the plain chain, schedule `0`, costed as served;
+an AR run is shown as the measured baseline only, never a tree point: its step has no
+draft forward, so a line from it to the first tree point would under-cost small trees.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+
+from k26_ddtree.bench.results import load_results
+from k26_ddtree.errors import UserError
+
+TREE, CHAIN, AR = "DDTREE", "DFLASH", "AR"
+
+
+@dataclass(frozen=True)
+class RunUsed:
+    run_id: str
+    label: str
+    kind: str  # TREE, CHAIN or AR
+    budget: int | None
+    topk: int | None
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Step seconds by concurrency: tree[C][budget], chain[C]; ar_tok_s[C] is AR's measured rate."""
+
+    source: Path
+    contexts: tuple[int, ...]
+    tree: dict[int, dict[int, float]]
+    chain: dict[int, float]
+    ar_tok_s: dict[int, float]
+    models: frozenset[str]  # every name the runs' server gave its model (path, served name)
+    block_sizes: frozenset[int]
+    runs: tuple[RunUsed, ...]
+    notes: tuple[str, ...]
+
+    def concurrencies(self) -> list[int]:
+        return sorted(self.tree)
+
+    def budgets(self, concurrency: int) -> list[int]:
+        return sorted(self.tree.get(concurrency, {}))
+
+    def require(self, concurrencies: list[int], lowest: int, highest: int) -> None:
+        """UserError naming the first (budget, C) of the search that no measurement covers."""
+        for c in concurrencies:
+            measured = self.budgets(c)
+            if not measured:
+                have = ", ".join(map(str, self.concurrencies())) or "none"
+                raise UserError(f"costs missing at C={c}: {self.source} has DDTree step times at C={have}; "
+                                f"bench C={c} too, or leave it out of --concurrency")
+            missing = lowest if lowest < measured[0] else highest if highest > measured[-1] else None
+            if missing is not None:
+                raise UserError(
+                    f"costs missing for budget {missing} at C={c}: {self.source} measured budgets "
+                    f"{', '.join(map(str, measured))} there and tune never extrapolates; sweep budget {missing} "
+                    f"too, or search --min-budget {measured[0]} --max-budget {measured[-1]}")
+
+    def step_s(self, concurrency: int, budget: int) -> float:
+        """The step time at a budget inside the measured range (require() first)."""
+        points = self.tree[concurrency]
+        measured = sorted(points)
+        at = bisect.bisect_left(measured, budget)
+        if measured[at] == budget:
+            return points[budget]
+        low, high = measured[at - 1], measured[at]
+        # Linear in tokens verified per request, budget + 1: the same line as in the budget.
+        share = (budget - low) / (high - low)
+        return points[low] + share * (points[high] - points[low])
+
+
+def _number(value, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{what} is {value!r}, not a number: not written by k26-deploy bench")
+    return float(value)
+
+
+def _kind(run: dict, where: str) -> str | None:
+    algorithm = str(run.get("algorithm") or "").upper()
+    budget = run.get("budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise UserError(f"{where}: budget {budget!r} is not a positive integer")
+    if algorithm == AR:
+        return AR
+    if algorithm in (TREE, CHAIN) and budget is not None:
+        return TREE
+    return CHAIN if algorithm == CHAIN else None
+
+
+def _cell_step_s(cell: dict, kind: str, where: str) -> float | None:
+    """Seconds per batch step of one cell, or None when the cell cannot say (failed requests, cut short)."""
+    rate = _number(cell["output_tok_s"], f"{where} output_tok_s")
+    accept = 1.0 if kind == AR else _number(cell["accept_length"], f"{where} accept_length")
+    if cell["has_errors"] or cell.get("interrupted") or not rate or not accept:
+        return None
+    return _number(cell["concurrency"], f"{where} concurrency") * accept / rate
+
+
+def _info(run: dict) -> dict:
+    return run["server_info"] if isinstance(run.get("server_info"), dict) else {}
+
+
+def _model_path(run: dict):
+    return _info(run).get("model_path") or run.get("model")
+
+
+def _names(run: dict) -> set[str]:
+    """Every name the run's server gave its model: a trace may carry any of them."""
+    found = (run.get("model"), _info(run).get("model_path"), _info(run).get("served_model_name"))
+    return {str(name).rstrip("/") for name in found if name}
+
+
+def _mixed(what: str, names: list[str], path: Path) -> UserError:
+    return UserError(f"{path} mixes runs of different {what} ({', '.join(sorted(names))}): give one server's sweep")
+
+
+def _check_one_server(runs: list[dict], path: Path) -> None:
+    profiles = {run["profile"] for run in runs if run.get("profile")}
+    if len(profiles) > 1:
+        raise _mixed("profiles", list(profiles), path)
+    # The path names the weights; the served name is a label two models can share.
+    paths = {str(_model_path(run)).rstrip("/") for run in runs if _model_path(run)}
+    if len(paths) > 1:
+        raise _mixed("models", list(paths), path)
+
+
+def _samples(used: list[tuple[int, dict, str]], contexts: tuple[int, ...], path: Path,
+             notes: list[str]) -> dict[tuple[str, int, int | None], list[float]]:
+    """Step seconds of every (kind, C, budget), one per run that has a clean cell at every context."""
+    samples: dict[tuple[str, int, int | None], list[float]] = {}
+    for number, run, kind in used:
+        where = f"{path}: run {number} ({run['label']})"
+        by_key = {(c["context"], c["concurrency"]): c for c in run["cells"]}
+        for c in sorted({c["concurrency"] for c in run["cells"]}):
+            times = [_cell_step_s(by_key[(ctx, c)], kind, f"{where} cell ctx {ctx} C {c}")
+                     if (ctx, c) in by_key else None for ctx in contexts]
+            if None in times:
+                notes.append(f"run {run['label']} at C={c} not used: no clean cell at every context "
+                             f"{', '.join(map(str, contexts))} (failed requests, interrupted or not measured)")
+                continue
+            # Equal weight per context: the traffic is taken as spread evenly over them.
+            samples.setdefault((kind, c, run["budget"] if kind == TREE else None), []).append(fmean(times))
+    return samples
+
+
+def load_costs(path: Path, contexts: tuple[int, ...] | None = None) -> Costs:
+    """The cost model of a bench results file; UserError for a file that is not one or holds no tree point."""
+    runs = load_results(path)["runs"]
+    kinds = [(number, run, _kind(run, f"{path}: run {number}")) for number, run in enumerate(runs, 1)]
+    used = [(number, run, kind) for number, run, kind in kinds if kind is not None]
+    notes = [f"run {run['label']} not used: algorithm {run.get('algorithm')} is neither DDTree, DFLASH nor AR"
+             for _, run, kind in kinds if kind is None]
+    costing = [run for _, run, kind in used if kind != AR]
+    if not any(kind == TREE for _, _, kind in used):
+        raise UserError(f"{path} holds no DDTree run (a bench run with a budget): nothing to cost trees from")
+    _check_one_server([run for _, run, _ in used], path)
+    measured = [{c["context"] for c in run["cells"]} for run in costing]
+    chosen = tuple(sorted(contexts if contexts else set.intersection(*measured)))
+    if not chosen:
+        raise UserError(f"{path}: the runs share no context; pick the ones to cost with --context")
+    samples = _samples(used, chosen, path, notes)
+    spread = [(max(v) - min(v)) / min(v) for (kind, _, _), v in samples.items() if kind == TREE and len(v) > 1]
+    if spread:
+        notes.append(f"runs of one budget at one C (other topk, repeats) differ in step time by up to "
+                     f"{100 * max(spread):.1f}%; their mean is used")
+    tree: dict[int, dict[int, float]] = {}
+    for (kind, c, budget), v in samples.items():
+        if kind == TREE:
+            tree.setdefault(c, {})[budget] = fmean(v)
+    if not tree:
+        raise UserError(f"{path}: no DDTree run has a clean cell at every context {', '.join(map(str, chosen))} "
+                        "at any concurrency")
+    blocks = {b for b in (_info(run).get("speculative_dflash_block_size") for run in costing) if isinstance(b, int)}
+    return Costs(
+        source=path,
+        contexts=chosen,
+        tree=tree,
+        chain={c: fmean(v) for (kind, c, _), v in samples.items() if kind == CHAIN},
+        ar_tok_s={c: c / fmean(v) for (kind, c, _), v in samples.items() if kind == AR},
+        models=frozenset(name for _, run, _ in used for name in _names(run)),
+        block_sizes=frozenset(blocks),
+        runs=tuple(RunUsed(run["run_id"], run["label"], kind, run.get("budget"), run.get("topk"))
+                   for _, run, kind in used),
+        notes=tuple(notes),
+    )

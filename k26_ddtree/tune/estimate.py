@@ -1,0 +1,123 @@
+"""Greedy acceptance of every tree shape from a server trace, exactly, per traced step.
+
+Under greedy decoding the text a request commits does not depend on the tree, and a
+DFlash draft at a root depends only on the committed prefix, not on the served shape.
+So a traced step, rooted where it was, would have committed under any other shape the
+longest path of that shape's tree (built from the same top-8 draft) that matches the
+tokens the request actually committed from that root on, plus the bonus: the known
+continuation is the step's own committed tokens followed by those of the request's
+next steps. The steps are the roots the served shape visited; another shape would have
+visited others of the same text, so the mean over the traced steps is the estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from k26_ddtree.core.budget import codes_fit, max_budget
+from k26_ddtree.core.tree import build_ddtree
+from k26_ddtree.core.verify import verify_along
+from k26_ddtree.errors import UserError
+from k26_ddtree.gpu.acceptance import TreeShape
+from k26_ddtree.sglang.trace import TOPK, Steps
+
+BUDGETS = range(1, 65)
+TOPKS = range(1, TOPK + 1)
+# Steps per tree build: bounds the [steps, nodes, nodes] parent match to ~20 MB at budget 64.
+CHUNK_STEPS = 4096
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The traced steps with the continuation each one had.
+
+    roots [S], tokens / logprobs [S, D, TOPK], truth [S, D + 1] (-1 past the request's known text)
+    short: steps whose known text ends before D + 1 tokens; requests: distinct requests
+    """
+
+    roots: torch.Tensor
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    truth: torch.Tensor
+    short: int
+    requests: int
+
+    @property
+    def depth(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def steps(self) -> int:
+        return self.tokens.shape[0]
+
+
+def chain(depth: int) -> TreeShape:
+    """The linear DFlash chain as a tree: every draft position, rank 1 only."""
+    return TreeShape(budget=depth, topk=1, spine=False)
+
+
+def all_shapes(depth: int) -> list[TreeShape]:
+    """Every (budget 1..64, topk 1..8, spine off/on) the builder accepts at draft depth `depth`."""
+    return [TreeShape(budget, topk, spine) for spine in (False, True) for topk in TOPKS for budget in BUDGETS
+            if budget <= max_budget(depth, topk) and codes_fit(depth, topk, budget)]
+
+
+def replay(steps: Steps) -> Replay:
+    """Each step's continuation, from its committed tokens and the following steps' of its request.
+
+    A request's text runs on only through consecutive step numbers: a gap (steps not traced)
+    ends what is known, so a continuation never jumps over tokens nobody recorded.
+    """
+    order = torch.argsort(steps.step, stable=True)
+    order = order[torch.argsort(steps.request[order], stable=True)]
+    request, number, committed = steps.request[order], steps.step[order], steps.committed[order]
+    width = committed.shape[1]
+    kept = committed >= 0
+    counts = kept.sum(dim=1)
+    stream = committed[kept]  # every request's committed text, in (request, step) order
+    ends = counts.cumsum(0)
+    starts = ends - counts
+    continues = torch.zeros_like(kept[:, 0])
+    continues[1:] = (request[1:] == request[:-1]) & (number[1:] == number[:-1] + 1)
+    run = torch.cumsum(~continues, 0) - 1  # index of the run of consecutive steps each step is in
+    run_end = torch.zeros(int(run[-1]) + 1, dtype=ends.dtype).scatter_reduce(0, run, ends, "amax")[run]
+    at = starts.unsqueeze(1) + torch.arange(width)
+    known = at < run_end.unsqueeze(1)
+    padded = torch.cat([stream, stream.new_full((1,), -1)])  # slot len(stream): an index past every run
+    truth = torch.where(known, padded[at.clamp(max=len(stream))], -1)
+    return Replay(roots=steps.root[order], tokens=steps.tokens[order], logprobs=steps.logprobs[order], truth=truth,
+                  short=int((~known[:, -1]).sum()), requests=int(torch.unique(request).numel()))
+
+
+def check_drafts(rep: Replay, where: str) -> None:
+    """The builder's preconditions on the traced log-probs, checked once for every shape."""
+    lp = rep.logprobs
+    bad = ((~lp.isfinite()) | (lp > 0)).flatten(1).any(1) | (lp[..., 1:] > lp[..., :-1]).flatten(1).any(1)
+    if bool(bad.any()):
+        raise UserError(f"{where}: {int(bad.sum())} of {rep.steps} steps carry draft log-probs that are not finite, "
+                        "not <= 0 or not descending per depth (not written by the DDTree trace writer)")
+
+
+def committed_per_step(rep: Replay, shape: TreeShape) -> torch.Tensor:
+    """[S] tokens each traced step would have committed under `shape` (accepted drafts + bonus)."""
+    out = []
+    for lo in range(0, rep.steps, CHUNK_STEPS):
+        part = slice(lo, lo + CHUNK_STEPS)
+        tree = build_ddtree(rep.roots[part], rep.tokens[part, :, :shape.topk], rep.logprobs[part, :, :shape.topk],
+                            shape.budget, spine=shape.spine, validate=False, fused=False)
+        out.append(verify_along(tree, rep.truth[part]).accept_len + 1)
+    return torch.cat(out)
+
+
+def acceptance(rep: Replay, shapes: list[TreeShape],
+               on_shape: Callable[[int], None] | None = None) -> dict[TreeShape, float]:
+    """Mean committed tokens per traced step of every shape; on_shape(done) after each."""
+    table = {}
+    for done, shape in enumerate(shapes, 1):
+        table[shape] = float(committed_per_step(rep, shape).double().mean())
+        if on_shape is not None:
+            on_shape(done)
+    return table
