@@ -8,6 +8,10 @@ from pathlib import Path
 
 from k26_ddtree.errors import UserError
 
+# Files at once, each with up to 16 connections: aria2c holds a socket per connection and a
+# descriptor per file, and 32 x 16 = 512 sockets is already half the usual open-file limit of 1024.
+MAX_PARALLEL_FILES = 32
+
 _FETCH_EPILOG = """\
 The token comes from $HF_TOKEN or $HUGGING_FACE_HUB_TOKEN, else from --token-file (default
 $HF_TOKEN_PATH, $HF_HOME/token or ~/.cache/huggingface/token), which must be mode 0600. It is
@@ -33,23 +37,24 @@ def register(sub) -> None:
         epilog=_FETCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     fetch.add_argument("--model", default=DEFAULT_MODEL_REPO, metavar="REPO",
                        help="hub repository of the target model (default: %(default)s)")
-    fetch.add_argument("--dest", required=True, type=Path, metavar="DIR",
+    fetch.add_argument("--dest", required=True, type=_dir_path, metavar="DIR",
                        help="model directory to fill (created if missing)")
     fetch.add_argument("--revision", default="main", metavar="REV",
                        help="branch, tag or commit of --model (default: %(default)s)")
-    fetch.add_argument("--drafter", default=DEFAULT_DRAFTER_REPO, metavar="REPO",
-                       help="hub repository of the DFlash drafter (default: %(default)s)")
+    # The drafter options default to None, not their values: given with --no-drafter they are refused.
+    fetch.add_argument("--drafter", metavar="REPO",
+                       help=f"hub repository of the DFlash drafter (default: {DEFAULT_DRAFTER_REPO})")
     fetch.add_argument("--no-drafter", action="store_true",
                        help="fetch --model alone, without a drafter")
-    fetch.add_argument("--drafter-dest", type=Path, metavar="DIR",
+    fetch.add_argument("--drafter-dest", type=_dir_path, metavar="DIR",
                        help="directory for the drafter (default: DEST-DFlash beside --dest; the shipped "
                             "profiles pair /models/Kimi-K2.6 with /models/Kimi-K2.6-DFlash)")
-    fetch.add_argument("--drafter-revision", default="main", metavar="REV",
-                       help="branch, tag or commit of --drafter (default: %(default)s)")
+    fetch.add_argument("--drafter-revision", metavar="REV",
+                       help="branch, tag or commit of --drafter (default: main)")
     fetch.add_argument("--connections", type=int, default=16, metavar="N",
                        help="connections per file, 1-16 (aria2c -x/-s; default: %(default)s)")
     fetch.add_argument("--parallel-files", type=int, default=6, metavar="N",
-                       help="files downloaded at once (aria2c -j; default: %(default)s)")
+                       help=f"files downloaded at once, 1-{MAX_PARALLEL_FILES} (aria2c -j; default: %(default)s)")
     fetch.add_argument("--min-split-size", default="20M", metavar="SIZE",
                        help="smallest piece a file is split into for several connections "
                             "(aria2c -k, 1M-1024M; default: %(default)s)")
@@ -64,9 +69,18 @@ def register(sub) -> None:
         description="Hash every file listed in DIR/SHA256SUMS and compare (offline; also for a "
                     "directory copied from elsewhere). Exit 1 naming the files that are missing "
                     "or differ. On success the directory's stamp is recorded, so render, install and "
-                    "reconfigure accept it.")
-    verify.add_argument("dir", type=Path, metavar="DIR", help="the model directory")
+                    "reconfigure accept it; a read-only directory is verified all the same (exit 0) "
+                    "and the output says that its stamp could not be recorded.")
+    verify.add_argument("dir", type=_dir_path, metavar="DIR", help="the model directory")
     verify.set_defaults(func=verify_model)
+
+
+def _dir_path(text: str) -> Path:
+    # Path("") is Path("."): an empty value, such as an unset shell variable, would fill or
+    # verify the current folder without a word.
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no directory")
+    return Path(text)
 
 
 def _check_split_size(text: str) -> None:
@@ -78,26 +92,31 @@ def _check_split_size(text: str) -> None:
 
 def fetch_model(args) -> int:
     from k26_ddtree.fetch.aria2 import Aria2Settings, find_aria2c
-    from k26_ddtree.fetch.fetcher import RepoFetch
+    from k26_ddtree.fetch.fetcher import RepoFetch, check_free_space
     from k26_ddtree.cli.checks import http_url
-    from k26_ddtree.fetch.hub import check_repo_id, default_endpoint, fetch_snapshot
+    from k26_ddtree.fetch.hub import (DEFAULT_DRAFTER_REPO, check_repo_id, check_revision, default_endpoint,
+                                      fetch_snapshot)
     from k26_ddtree.progress import Reporter
     from k26_ddtree.fetch.token import load_token
 
     if not 1 <= args.connections <= 16:
         raise UserError("--connections must be between 1 and 16 (aria2c's limit per server)")
-    if args.parallel_files < 1:
-        raise UserError("--parallel-files must be at least 1")
+    if not 1 <= args.parallel_files <= MAX_PARALLEL_FILES:
+        raise UserError(f"--parallel-files must be between 1 and {MAX_PARALLEL_FILES}")
     _check_split_size(args.min_split_size)
-    targets = [(check_repo_id(args.model), args.revision, args.dest)]
-    if not args.no_drafter:
+    targets = [(check_repo_id(args.model), check_revision(args.revision, "--revision"), args.dest)]
+    if args.no_drafter:
+        for option, value in (("--drafter", args.drafter), ("--drafter-dest", args.drafter_dest),
+                              ("--drafter-revision", args.drafter_revision)):
+            if value is not None:
+                raise UserError(f"{option} and --no-drafter contradict each other: drop one")
+    else:
         model_dest = args.dest.resolve()
         drafter_dest = args.drafter_dest or model_dest.parent / f"{model_dest.name}-DFlash"
         if drafter_dest.resolve() == args.dest.resolve():
             raise UserError(f"the drafter would land in {args.dest} with the model: pass --drafter-dest")
-        targets.append((check_repo_id(args.drafter), args.drafter_revision, drafter_dest))
-    elif args.drafter_dest:
-        raise UserError("--drafter-dest and --no-drafter contradict each other: drop one")
+        targets.append((check_repo_id(args.drafter or DEFAULT_DRAFTER_REPO),
+                        check_revision(args.drafter_revision or "main", "--drafter-revision"), drafter_dest))
     for _repo, _revision, dest in targets:
         if dest.exists() and not dest.is_dir():
             raise UserError(f"{dest} exists and is not a directory (--dest and --drafter-dest name directories)")
@@ -108,12 +127,15 @@ def fetch_model(args) -> int:
                              min_split_size=args.min_split_size)
     reporter = Reporter()
     # Both listings first: a mistyped drafter repo fails in seconds, not after the model.
-    snapshots = [(fetch_snapshot(endpoint, repo, revision, token), dest)
-                 for repo, revision, dest in targets]
+    fetches = [RepoFetch(fetch_snapshot(endpoint, repo, revision, token), endpoint, dest, token, settings,
+                         reporter) for repo, revision, dest in targets]
+    # Every refusal before the first byte is written: a run that cannot finish creates nothing.
+    for fetch in fetches:
+        fetch.plan()
+    check_free_space(fetches)
     failed: list[str] = []
-    for snapshot, dest in snapshots:
-        failed += [f"{snapshot.repo}:{path}" for path in
-                   RepoFetch(snapshot, endpoint, dest, token, settings, reporter).run()]
+    for fetch in fetches:
+        failed += [f"{fetch.snapshot.repo}:{path}" for path in fetch.run()]
     if failed:
         raise UserError(f"{len(failed)} files not fetched and verified: {', '.join(failed)}", code=1)
     for _repo, _revision, dest in targets:

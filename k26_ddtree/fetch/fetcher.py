@@ -56,6 +56,23 @@ def describe_mismatch(file: RepoFile, digests: Digests | None) -> str:
     return f"git blob id {str(digests.git_oid)[:12]}…, expected {str(file.git_oid)[:12]}…"
 
 
+def check_free_space(fetches: list["RepoFetch"]) -> None:
+    """UserError when the planned downloads do not fit, before any of them creates anything.
+    Destinations on one file system share its free space: the drafter must fit beside the model."""
+    by_device: dict[int, tuple[Path, list[RepoFetch]]] = {}
+    for fetch in fetches:
+        # DEST may not exist yet: its nearest existing folder is on the file system it will be on.
+        existing = next(p for p in (fetch.dest, *fetch.dest.parents) if p.exists())
+        by_device.setdefault(existing.stat().st_dev, (existing, []))[1].append(fetch)
+    for existing, group in by_device.values():
+        needed = sum(fetch.bytes_to_download() for fetch in group)
+        free = shutil.disk_usage(existing).free
+        if needed > free:
+            where = " and ".join(str(fetch.dest) for fetch in group)
+            raise UserError(f"{where} {'has' if len(group) == 1 else 'have'} {human_bytes(free)} free but "
+                            f"the download needs {human_bytes(needed)} more: free space or choose another --dest")
+
+
 class RepoFetch:
     """One repository into one directory. `run()` returns the paths that failed (empty: done)."""
 
@@ -70,6 +87,8 @@ class RepoFetch:
         self.reporter = reporter
         self.verify_workers = verify_workers
         self.verified: dict[str, dict] = {}
+        self.present: list[RepoFile] = []  # in DEST, no stamp vouches for them: hashed first
+        self.missing: list[RepoFile] = []  # not in DEST: downloaded
 
     # -- records ---------------------------------------------------------------------------
 
@@ -108,9 +127,31 @@ class RepoFetch:
                 good[file.path] = entry
         return good
 
+    # -- the plan --------------------------------------------------------------------------
+
+    def plan(self) -> None:
+        """Sort the listed files into verified before, present and missing. Reads only: called
+        before anything is created (a refused run leaves no trace) and again under the lock."""
+        self.verified = self._known_good()
+        todo = [f for f in self.snapshot.files if f.path not in self.verified]
+        self.present = [f for f in todo if (self.dest / f.path).is_file()]
+        self.missing = [f for f in todo if not (self.dest / f.path).is_file()]
+
+    def bytes_to_download(self) -> int:
+        """What the missing files still need on disk, less what their partials already hold."""
+        needed = 0
+        for file in self.missing:
+            try:
+                have = self._target(file).stat().st_blocks * 512
+            except OSError:
+                have = 0
+            needed += max(file.size - have, 0)
+        return needed
+
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> list[str]:
+        """Fill DEST; call check_free_space() on the plans first."""
         try:
             self.partial.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -127,11 +168,8 @@ class RepoFetch:
 
     def _run_locked(self) -> list[str]:
         snap = self.snapshot
-        self.verified = self._known_good()
-        present = [f for f in snap.files if f.path not in self.verified
-                   and (self.dest / f.path).is_file()]
-        missing = [f for f in snap.files if f.path not in self.verified
-                   and not (self.dest / f.path).is_file()]
+        self.plan()  # the first plan was made without the lock; this one is authoritative
+        present, missing = self.present, list(self.missing)
         self.reporter.line(
             f"{snap.repo} @ {snap.revision} (commit {snap.commit[:12]}) -> {self.dest}: "
             f"{len(snap.files)} files, {human_bytes(snap.total_bytes)}; {len(self.verified)} verified "
@@ -144,7 +182,6 @@ class RepoFetch:
             return []
         (self.dest / modeldir.SUMS_NAME).unlink(missing_ok=True)
         self._write_stamp(complete=False)
-        self._check_free_space(missing)
         with ThreadPoolExecutor(self.verify_workers, thread_name_prefix="k26-verify") as pool:
             missing += self._check_present(present, pool)
             failed = self._download(missing, pool)
@@ -156,19 +193,6 @@ class RepoFetch:
         self.reporter.line(f"{snap.repo}: all {len(snap.files)} files verified; "
                            f"hashes in {self.dest / modeldir.SUMS_NAME}")
         return []
-
-    def _check_free_space(self, missing: list[RepoFile]) -> None:
-        needed = 0
-        for file in missing:
-            try:
-                have = self._target(file).stat().st_blocks * 512
-            except OSError:
-                have = 0
-            needed += max(file.size - have, 0)
-        free = shutil.disk_usage(self.dest).free
-        if needed > free:
-            raise UserError(f"{self.dest} has {human_bytes(free)} free but the download needs "
-                            f"{human_bytes(needed)} more: free space or choose another --dest")
 
     def _check_present(self, present: list[RepoFile], pool: ThreadPoolExecutor) -> list[RepoFile]:
         """Hash files already in DIR that no stamp vouches for; return those that differ."""

@@ -11,8 +11,10 @@ two versions of the model.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import reprlib
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -29,6 +31,13 @@ RESERVED_NAMES = ("SHA256SUMS", ".k26-model.json", ".partial")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# What git-check-ref-format(1) forbids anywhere in a ref name (the per-component rules are in
+# check_revision).
+_BAD_REF = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{")
+
+# An entry quoted in an error: bounded in depth and length, whatever the hub sent.
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel, _PREVIEW.maxstring, _PREVIEW.maxother = 2, 60, 60
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,18 @@ def check_repo_id(repo: str) -> str:
     return repo
 
 
+def check_revision(revision: str, option: str) -> str:
+    """A revision is a git ref name (branch, tag, `refs/pr/1`) or a commit SHA: refuse what
+    `git check-ref-format` refuses, so `../x` or a control character never reaches a URL."""
+    parts = revision.split("/")
+    if (not revision or revision == "@" or _BAD_REF.search(revision) or revision.endswith(".")
+            or any(not part or part.startswith(".") or part.endswith(".lock") for part in parts)):
+        raise UserError(f"{option} {revision!r} is not a branch, tag or commit: a git ref name has no '..', "
+                        "no part that starts with '.' or ends in '.lock', no spaces, control characters "
+                        "or any of ~^:?*[\\")
+    return revision
+
+
 def resolve_url(endpoint: str, repo: str, commit: str, path: str) -> str:
     return f"{endpoint.rstrip('/')}/{repo}/resolve/{commit}/{quote(path)}"
 
@@ -94,41 +115,72 @@ def fetch_snapshot(endpoint: str, repo: str, revision: str, token: str | None,
     if response.status_code != 200:
         raise UserError(f"listing {repo} at {endpoint} failed: HTTP {response.status_code}", code=1)
     try:
-        return parse_snapshot(repo, revision, response.json())
+        info = json.loads(response.content)
+    except ValueError:
+        raise UserError(f"{url} answered something that is not JSON: is {endpoint} a Hugging Face hub?",
+                        code=1) from None
+    except RecursionError:
+        # json nests a Python call per `[` or `{`; no listing is nested more than three deep.
+        raise UserError(f"{url} answered JSON nested too deeply to be a repository listing", code=1) from None
+    try:
+        return parse_snapshot(repo, revision, info)
     except ValueError as err:
-        raise UserError(f"the hub's answer for {repo} is not a repository listing: {err}", code=1) from None
+        raise UserError(f"{url} answered no repository listing for {repo}: {err}", code=1) from None
 
 
-def parse_snapshot(repo: str, revision: str, info: dict) -> RepoSnapshot:
+def parse_snapshot(repo: str, revision: str, info: object) -> RepoSnapshot:
+    """The snapshot in `info` (the decoded JSON answer); ValueError naming what is wrong with it.
+    The answer comes from the network: nothing about its shape is taken for granted."""
+    if not isinstance(info, dict):
+        raise ValueError(f"the answer is a JSON {_json_kind(info)}, not an object")
     commit = info.get("sha")
     if not isinstance(commit, str) or not _HEX40.fullmatch(commit):
         raise ValueError("no commit sha")
-    files = []
-    for sibling in info.get("siblings") or []:
-        files.append(_parse_sibling(sibling))
+    siblings = info.get("siblings", [])
+    if not isinstance(siblings, list):
+        raise ValueError(f"siblings is a JSON {_json_kind(siblings)}, not a list of files")
+    files = [_parse_sibling(sibling) for sibling in siblings]
     if not files:
         raise ValueError("no files (the listing needs ?blobs=true)")
     files.sort(key=lambda f: f.path)
+    for before, after in zip(files, files[1:]):
+        if before.path == after.path:
+            raise ValueError(f"{before.path!r} is listed twice")
     return RepoSnapshot(repo=repo, revision=revision, commit=commit, files=tuple(files))
 
 
-def _parse_sibling(sibling: dict) -> RepoFile:
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    return {dict: "object", list: "list", str: "string", bool: "boolean"}.get(type(value), "number")
+
+
+def _parse_sibling(sibling: object) -> RepoFile:
+    if not isinstance(sibling, dict):
+        raise ValueError(f"a file entry is a JSON {_json_kind(sibling)}, not an object: {_PREVIEW.repr(sibling)}")
     path = sibling.get("rfilename")
     size = sibling.get("size")
-    if not isinstance(path, str) or not isinstance(size, int) or size < 0:
-        raise ValueError(f"a file entry lacks rfilename/size: {sibling!r:.200}")
+    # bool is an int to Python, not a size to anyone; no file system holds a file of 2**63 bytes.
+    if not isinstance(path, str) or type(size) is not int or not 0 <= size < 1 << 63:
+        raise ValueError(f"a file entry lacks rfilename/size: {_PREVIEW.repr(sibling)}")
     check_repo_path(path)
-    lfs = sibling.get("lfs") or None
+    lfs = sibling.get("lfs")
     sha256 = git_oid = None
-    if lfs:
-        sha256 = str(lfs.get("sha256", "")).lower()
-        if not _HEX64.fullmatch(sha256) or lfs.get("size", size) != size:
+    if lfs is not None:
+        if not isinstance(lfs, dict):
+            raise ValueError(f"{path}: lfs is a JSON {_json_kind(lfs)}, not an object")
+        sha256 = _lower_hex(lfs.get("sha256"), _HEX64)
+        if sha256 is None or lfs.get("size", size) != size:
             raise ValueError(f"{path}: LFS entry without a sha256 or with a different size")
     else:
-        git_oid = str(sibling.get("blobId", "")).lower()
-        if not _HEX40.fullmatch(git_oid):
+        git_oid = _lower_hex(sibling.get("blobId"), _HEX40)
+        if git_oid is None:
             raise ValueError(f"{path}: neither an LFS sha256 nor a git blob id")
     return RepoFile(path=path, size=size, sha256=sha256, git_oid=git_oid)
+
+
+def _lower_hex(value: object, pattern: re.Pattern) -> str | None:
+    return value.lower() if isinstance(value, str) and pattern.fullmatch(value.lower()) else None
 
 
 def check_repo_path(path: str) -> None:

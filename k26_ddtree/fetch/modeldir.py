@@ -35,6 +35,10 @@ def write_sums(model_dir: Path, entries: list[tuple[str, str]]) -> None:
 def read_sums(model_dir: Path) -> list[tuple[str, str]]:
     """(sha256, relative path) of every file SHA256SUMS lists, in its order."""
     path = model_dir / SUMS_NAME
+    # The hashes must be the folder's own: a link to a list elsewhere could vouch for anything.
+    outside = hashing.link_leaving(model_dir, SUMS_NAME)
+    if outside is not None:
+        raise UserError(f"{path} is a link to {outside}, outside {model_dir}: copy the file in")
     try:
         entries = hashing.read_sums(path)
     except FileNotFoundError:
@@ -63,6 +67,12 @@ def read_stamp(model_dir: Path) -> dict | None:
 def write_stamp(model_dir: Path, *, repo: str | None, revision: str | None, commit: str | None,
                 files: list[dict], complete: bool) -> None:
     """files: dicts with path, size, sha256, git_oid (or None), mtime_ns."""
+    atomic.write_text(model_dir / STAMP_NAME, stamp_text(repo=repo, revision=revision, commit=commit,
+                                                         files=files, complete=complete))
+
+
+def stamp_text(*, repo: str | None, revision: str | None, commit: str | None, files: list[dict],
+               complete: bool) -> str:
     stamp = {
         "format": STAMP_FORMAT,
         "repo": repo,
@@ -73,7 +83,7 @@ def write_stamp(model_dir: Path, *, repo: str | None, revision: str | None, comm
         "total_bytes": sum(f["size"] for f in files),
         "files": sorted(files, key=lambda f: f["path"]),
     }
-    atomic.write_text(model_dir / STAMP_NAME, json.dumps(stamp, indent=1) + "\n")
+    return json.dumps(stamp, indent=1) + "\n"
 
 
 def utc_now() -> str:
@@ -123,9 +133,9 @@ def _guess_repo(model_dir: Path) -> str:
 def verify_model(model_dir: Path, reporter: Reporter, workers: int = 4) -> None:
     """Hash every file listed in SHA256SUMS (offline), `workers` files at a time (one core
     hashes ~1-2 GB/s, below what an NVMe array reads). Raises UserError(code=1) naming the
-    files that are missing, differ, or are links that leave the directory. On success the
-    stamp is (re)written, so a directory received by other means is accepted by apply/render
-    afterwards."""
+    files that are missing, differ, or are links that leave the directory. Verifying needs read
+    access only. On success the stamp is (re)written, so a directory received by other means is
+    accepted by apply/render afterwards; a directory that cannot be written is reported, not failed."""
     if not model_dir.is_dir():
         problem = "is not a directory" if model_dir.exists() else "does not exist"
         raise UserError(f"model directory {model_dir} {problem}")
@@ -164,12 +174,23 @@ def verify_model(model_dir: Path, reporter: Reporter, workers: int = 4) -> None:
         bad.sort()
         raise UserError(f"{len(bad)} of {len(entries)} files failed verification in {model_dir}: "
                         + ", ".join(bad), code=1)
-    _refresh_stamp(model_dir, verified)
+    _refresh_stamp(model_dir, verified, reporter)
 
 
-def _refresh_stamp(model_dir: Path, verified: list[dict]) -> None:
+def _refresh_stamp(model_dir: Path, verified: list[dict], reporter: Reporter) -> None:
+    """Record the verification in the stamp. A folder that cannot be written (a read-only mount)
+    still verified: say what that means for render/install instead of failing."""
     stamp = read_stamp(model_dir) or {}
     old = {f["path"]: f for f in stamp.get("files", [])}
     files = [{**v, "git_oid": old.get(v["path"], {}).get("git_oid")} for v in verified]
-    write_stamp(model_dir, repo=stamp.get("repo"), revision=stamp.get("revision"),
-                commit=stamp.get("commit"), files=files, complete=True)
+    text = stamp_text(repo=stamp.get("repo"), revision=stamp.get("revision"), commit=stamp.get("commit"),
+                      files=files, complete=True)
+    try:
+        atomic.replace(model_dir / STAMP_NAME, text.encode("utf-8"))
+    except OSError as err:
+        already = model_dir_problem(model_dir) is None
+        reporter.line(f"verified, but not recorded: {model_dir / STAMP_NAME} cannot be written "
+                      f"({err.strerror or err}); "
+                      + ("its existing stamp already marks the folder verified" if already else
+                         "render/install accept the folder only with a recorded stamp: run verify-model "
+                         "on it where it is writable (before it is mounted read-only)"))

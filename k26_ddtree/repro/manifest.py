@@ -142,11 +142,16 @@ def _relative_to(path: Path, root: Path) -> str | None:
 
 
 def parse(manifest: Path) -> dict[str, str]:
-    """Path -> hex digest from a sha256sum-format file; a malformed line is a clear error."""
+    """Path -> hex digest from a sha256sum-format file; a malformed line is a clear error, and so
+    is a manifest that lists nothing (`manifest` never writes one: it refuses an empty package)."""
     try:
-        return hashing.read_sums(manifest)
+        entries = hashing.read_sums(manifest)
     except FileNotFoundError:
         raise UserError(f"{manifest} not found; write it with `k26-deploy manifest`") from None
+    if not entries:
+        raise UserError(f"{manifest} lists no files (empty, or only blank lines and comments): "
+                        "write it with `k26-deploy manifest`")
+    return entries
 
 
 def verify(root: Path, manifest: Path) -> Report:

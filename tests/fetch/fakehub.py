@@ -9,7 +9,9 @@ It answers the two shapes fetch-model uses:
 
 The API and resolve routes demand `Authorization: Bearer <token>`. Tests steer it through
 attributes: `chunk_delay_s` (throttle), `corrupt[path] = n` (serve wrong bytes for the next n
-full responses, -1 forever), and read back `requests`, `bytes_sent` and `max_active`.
+full responses, -1 forever), `raw_listings[repo] = body` (answer the API route for `repo` with
+these bytes verbatim, for hostile listings), and read back `requests`, `bytes_sent` and
+`max_active`.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class FakeHub:
         self.repos: dict[str, tuple[str, dict[str, FakeFile]]] = {}
         self.chunk_delay_s = 0.0
         self.corrupt: dict[str, int] = {}
+        self.raw_listings: dict[str, bytes] = {}
         self.requests: list[Seen] = []
         self.bytes_sent: dict[str, int] = {}
         self.active = 0
@@ -139,6 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send_json(404, {"error": "Entry not found"})
 
     def _api(self, repo: str, revision: str) -> None:
+        if repo in self.fake.raw_listings:
+            return self._send_raw(200, self.fake.raw_listings[repo])
         if repo not in self.fake.repos:
             return self._send_json(404, {"error": "Repository not found"})
         commit, files = self.fake.repos[repo]
@@ -221,7 +226,9 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.active -= 1
 
     def _send_json(self, status: int, body: dict) -> None:
-        raw = json.dumps(body).encode()
+        self._send_raw(status, json.dumps(body).encode())
+
+    def _send_raw(self, status: int, raw: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -146,3 +147,60 @@ def test_a_file_listed_twice_is_an_error_not_two_files(copied_dir):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
     assert result.stderr.strip() == (f"k26-deploy: error: {sums}:5: config.json listed twice (first on line 1)")
     assert "files," not in result.stdout
+
+
+def test_a_sha256sums_that_links_out_of_the_directory_is_refused(copied_dir, tmp_path):
+    assert run_cli("verify-model", str(copied_dir)).returncode == 0
+    stamp = (copied_dir / ".k26-model.json").read_bytes()
+    elsewhere = tmp_path / "elsewhere.sums"
+    (copied_dir / "SHA256SUMS").rename(elsewhere)
+    (copied_dir / "SHA256SUMS").symlink_to(elsewhere)
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert result.stderr.strip() == (f"k26-deploy: error: {copied_dir / 'SHA256SUMS'} is a link to {elsewhere}, "
+                                     f"outside {copied_dir}: copy the file in")
+    assert (copied_dir / ".k26-model.json").read_bytes() == stamp
+    # render/install's quick check refuses it too, though the stamp is complete.
+    assert f"{copied_dir / 'SHA256SUMS'} is a link to {elsewhere}" in model_dir_problem(copied_dir)
+
+
+@pytest.fixture
+def read_only():
+    """Makes a folder unwritable, even to root (whom permission bits do not stop): by mode 0555
+    for other users, by the immutable attribute for root. Undone at the end of the test."""
+    made: list = []
+
+    def make(folder) -> None:
+        if os.geteuid() != 0:
+            folder.chmod(0o555)
+            made.append(lambda: folder.chmod(0o755))
+            return
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("running as root where `chattr +i` is unavailable: no way to make a folder read-only")
+        made.append(lambda: subprocess.run(["chattr", "-i", str(folder)], check=True))
+
+    yield make
+    for undo in made:
+        undo()
+
+
+def test_a_read_only_directory_verifies_and_says_the_stamp_was_not_recorded(copied_dir, read_only):
+    before = sorted(p.name for p in copied_dir.iterdir())
+    read_only(copied_dir)
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("  ok       ") == 4
+    assert f"verified, but not recorded: {copied_dir / '.k26-model.json'} cannot be written" in result.stdout
+    assert "run verify-model on it where it is writable" in result.stdout
+    assert sorted(p.name for p in copied_dir.iterdir()) == before
+
+
+def test_a_read_only_directory_verified_before_keeps_its_stamp(copied_dir, read_only):
+    assert run_cli("verify-model", str(copied_dir)).returncode == 0
+    stamp = (copied_dir / ".k26-model.json").read_bytes()
+    read_only(copied_dir)
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "its existing stamp already marks the folder verified" in result.stdout
+    assert (copied_dir / ".k26-model.json").read_bytes() == stamp
+    assert model_dir_problem(copied_dir) is None

@@ -107,6 +107,15 @@ def test_absent_or_malformed_manifest_is_a_usage_error(tree):
     assert result.returncode == 2 and "MANIFEST.sha256:1: not a sha256sum line" in result.stderr
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", "# nothing recorded yet\n"])
+def test_a_manifest_that_lists_nothing_is_malformed_not_a_list_of_extras(tree, text):
+    (tree / manifest.MANIFEST_NAME).write_text(text)
+    result = _verify(tree)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "MANIFEST.sha256 lists no files" in _one_line(result)
+    assert "extra:" not in result.stdout
+
+
 def test_drafter_metadata_is_copied_and_recorded(tree, tmp_path):
     drafter = tmp_path / "Kimi-K2.6-DFlash"
     drafter.mkdir()
