@@ -8,8 +8,9 @@ Backups of the originals go to <site>/.k26-ddtree-backup/sglang-<version>/<rel>
 (the tree beside the `sglang` package, out of the way of imports); revert
 prefers them and removes them once the originals are back.
 
-Every command holds the site lock (lock.py) and, when it writes, first recovers
-what a killed command left (recovery.py); apply and revert are each one
+apply and revert hold the site lock (lock.py) and first recover what a killed
+command left (recovery.py); check and the dry runs only read (session.reading),
+creating nothing, not even the lock file. apply and revert are each one
 transaction (transaction.py) over the sglang files, the backups and the
 k26_ddtree import, so they change all of it or none of it.
 """
@@ -26,7 +27,7 @@ from k26_ddtree.patchset.journal import Journal
 from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S
 from k26_ddtree.patchset.locate import Installation, locate
 from k26_ddtree.patchset.pins import PatchSet, load
-from k26_ddtree.patchset.session import session
+from k26_ddtree.patchset.session import reading, session
 from k26_ddtree.patchset.status import (APPLIED, CHECK_EXIT, FOREIGN, INTERRUPTED, PARTIAL, PRISTINE, WRONG_VERSION,
                                         FileStatus, Status, inspect)
 from k26_ddtree.patchset.transaction import FileStep, Step
@@ -90,8 +91,8 @@ def apply(sglang_dir: str | Path | None = None, root: Path | None = None, dry_ru
     patch_set = load(root)
     installation = locate(sglang_dir)
     if dry_run:
-        with session(installation.site, "apply --dry-run", lock_timeout, out):
-            return _dry_run_apply(inspect(installation, patch_set), out)
+        return reading(installation.site, "apply --dry-run", lock_timeout, out,
+                       lambda say: _dry_run_apply(inspect(installation, patch_set), say))
     with session(installation.site, "apply", lock_timeout, out, _recovery(installation, patch_set, out)) as signals:
         status = inspect(installation, patch_set)
         _describe(status, out)
@@ -173,8 +174,8 @@ def revert(sglang_dir: str | Path | None = None, root: Path | None = None, dry_r
     patch_set = load(root)
     installation = locate(sglang_dir)
     if dry_run:
-        with session(installation.site, "apply --revert --dry-run", lock_timeout, out):
-            return _dry_run_revert(inspect(installation, patch_set), out)
+        return reading(installation.site, "apply --revert --dry-run", lock_timeout, out,
+                       lambda say: _dry_run_revert(inspect(installation, patch_set), say))
     with session(installation.site, "apply --revert", lock_timeout, out,
                  _recovery(installation, patch_set, out)) as signals:
         status = inspect(installation, patch_set)
@@ -211,14 +212,17 @@ def check(sglang_dir: str | Path | None = None, root: Path | None = None, out: O
     different one is in the way) or that has stray staged files left (1: apply deletes them)."""
     patch_set = load(root)
     installation = locate(sglang_dir)
-    with session(installation.site, "apply --check", lock_timeout, out):
-        status = inspect(installation, patch_set)
-        _describe(status, out)
-        journal, strays = _report_pending(status, out)
-        if journal is not None:
-            out(f"state: {INTERRUPTED}")
-            return CHECK_EXIT[INTERRUPTED]
-        return _check_state(status, bool(strays), out)
+    return reading(installation.site, "apply --check", lock_timeout, out,
+                   lambda say: _check(inspect(installation, patch_set), say))
+
+
+def _check(status: Status, out: Out) -> int:
+    _describe(status, out)
+    journal, strays = _report_pending(status, out)
+    if journal is not None:
+        out(f"state: {INTERRUPTED}")
+        return CHECK_EXIT[INTERRUPTED]
+    return _check_state(status, bool(strays), out)
 
 
 def _check_state(status: Status, strays: bool, out: Out) -> int:

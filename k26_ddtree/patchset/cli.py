@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S
+from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
 HELP = "patch the installed SGLang 0.5.11 with DDTree (or --check / --revert)"
 
@@ -27,9 +27,13 @@ journal (<site>/.k26-ddtree.journal) records them, then they are swapped in.
 A failure or SIGINT/SIGTERM part-way rolls back before exiting; after SIGKILL
 or power loss the next apply or --revert finds the journal, names it and rolls
 it back first (--check and --dry-run report it), and deletes stray staged
-.*.k26-tmp files. One command at a time per site: each holds an exclusive lock
-on <site>/.k26-ddtree.lock; a second one waits up to --lock-timeout seconds,
-saying for whom, then gives up with exit 75.
+.*.k26-tmp files. One writing command at a time per site: apply and --revert
+hold an exclusive lock on <site>/.k26-ddtree.lock (creating it). --check and
+--dry-run create nothing: they hold it shared when the file exists, else read
+unlocked and read again under the lock if a writer started meanwhile. A
+command that finds the lock busy waits up to --lock-timeout seconds (at most
+3600), saying for whom ("pid N (apply)", or "another process" when the holder
+is not a writer that named itself), then gives up with exit 75.
 
 apply also makes this k26_ddtree importable by sglang's Python (the patched
 files import k26_ddtree.sglang): nothing if it already is; a
@@ -50,8 +54,9 @@ EPILOG = """\
      or applied but k26_ddtree not importable
   1  also: an interrupted transaction was found (state: interrupted), or stray
      staged files are left; apply or --revert rolls it back / deletes them first
-  2  apply would refuse: a file is foreign-modified, missing or a symlink, sglang is
-     not 0.5.11, or a different k26_ddtree is importable there (also for a bad --sglang-dir)
+  2  apply would refuse: a file is foreign-modified, missing, a symlink or not a
+     regular file, sglang is not 0.5.11, or a different k26_ddtree is importable
+     there (also for a bad --sglang-dir, pins.json or journal)
 
 apply and --revert exit 0 on success (also when there was nothing to do), 2 when
 they refuse (nothing changed), 1 when writing failed (rolled back: the message says
@@ -65,8 +70,8 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    if not 0 <= value <= MAX_TIMEOUT_S:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"not a number of seconds from 0 to {MAX_TIMEOUT_S:g}: {text!r}")
     return value
 
 
@@ -83,8 +88,8 @@ def register(sub) -> None:
     parser.add_argument("--patch-set", metavar="DIR",
                         help="a patch set directory other than the shipped patches/sglang-0.5.11")
     parser.add_argument("--lock-timeout", metavar="SECONDS", type=_seconds, default=DEFAULT_TIMEOUT_S,
-                        help="how long to wait while another apply holds the site's lock "
-                             f"(default {DEFAULT_TIMEOUT_S:g}; 0: refuse at once)")
+                        help="how long to wait while another command holds the site's lock "
+                             f"(default {DEFAULT_TIMEOUT_S:g}, at most {MAX_TIMEOUT_S:g}; 0: refuse at once)")
     parser.set_defaults(func=run)
 
 

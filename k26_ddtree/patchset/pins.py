@@ -11,11 +11,13 @@ Layout of a patch set root (patches/sglang-0.5.11/):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_bytes
+from k26_ddtree.patchset import validate
 from k26_ddtree.resources import data_path
 
 SGLANG_VERSION = "0.5.11"
@@ -23,6 +25,7 @@ PINS_FILE = "pins.json"
 SERIES_FILE = "series"
 FULL_DIR = "full"
 REGEN_HINT = "python -m k26_ddtree.patchset.regen"
+_WHEEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.whl")
 
 
 def default_root() -> Path:
@@ -73,28 +76,38 @@ class PatchSet:
 
 
 def load(root: Path | None = None) -> PatchSet:
-    """Read a patch set's pins; a clear error when it was never generated or is empty."""
+    """Read a patch set's pins; a clear error when it was never generated, is empty, or is not
+    a pins file (validate.py: every path must lie inside sglang/, checked before anything is
+    staged)."""
     root = Path(root) if root is not None else default_root()
     pins_path = root / PINS_FILE
     if not pins_path.is_file():
         raise UserError(f"no patch set at {root} ({PINS_FILE} missing); generate it with {REGEN_HINT}")
     try:
-        raw = json.loads(pins_path.read_text())
-        files = tuple(
-            FilePin(rel, entry["original_sha256"], entry["patched_sha256"])
-            for rel, entry in sorted(raw["files"].items())
-        )
-        patch_set = PatchSet(
-            root=root,
-            sglang_version=raw["sglang_version"],
-            wheel=WheelPin(raw["wheel"]["filename"], raw["wheel"]["sha256"]),
-            files=files,
-        )
-    except (ValueError, KeyError, TypeError) as err:
-        raise UserError(f"{pins_path} is not a valid pins file ({err.__class__.__name__}: {err})") from None
+        raw = validate.fields(validate.read_json(pins_path), "the top level", {"sglang_version", "wheel", "files"})
+        pins = []
+        for rel, entry in sorted(validate.mapping(raw["files"], "'files'").items()):
+            validate.sglang_path(rel, "the 'files' entry")
+            where = f"files[{validate.shown(rel)}]"
+            validate.fields(entry, where, {"original_sha256", "patched_sha256"})
+            original = validate.sha256(entry["original_sha256"], f"{where}.original_sha256", nullable=True)
+            pins.append(FilePin(rel, original, validate.sha256(entry["patched_sha256"], f"{where}.patched_sha256")))
+        version = validate.version(raw["sglang_version"], "'sglang_version'")
+        patch_set = PatchSet(root, version, _wheel_pin(raw["wheel"]), tuple(pins))
+    except validate.Invalid as err:
+        raise UserError(f"{pins_path} is not a valid pins file: {err}") from None
     if not patch_set.files:
         raise UserError(f"the patch set at {root} has no files; put full patched files under full/ and run {REGEN_HINT}")
     return patch_set
+
+
+def _wheel_pin(raw: object) -> WheelPin:
+    validate.fields(raw, "'wheel'", {"filename", "sha256"})
+    filename = raw["filename"]
+    # The name is joined to the wheel cache folder: a bare file name only.
+    if not (isinstance(filename, str) and _WHEEL_NAME.fullmatch(filename)):
+        raise validate.Invalid(f"wheel.filename is {validate.shown(filename)}, not the file name of a wheel")
+    return WheelPin(filename, validate.sha256(raw["sha256"], "wheel.sha256"))
 
 
 def dump_pins(sglang_version: str, wheel: WheelPin, files: list[FilePin]) -> bytes:
@@ -116,7 +129,9 @@ def read_wheel_pin(root: Path) -> WheelPin | None:
     if not pins_path.is_file():
         return None
     try:
-        raw = json.loads(pins_path.read_text())
-        return WheelPin(raw["wheel"]["filename"], raw["wheel"]["sha256"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise UserError(f"{pins_path} is not a valid pins file ({err.__class__.__name__}: {err})") from None
+        raw = validate.mapping(validate.read_json(pins_path), "the top level")
+        if "wheel" not in raw:
+            raise validate.Invalid("the top level lacks the field 'wheel'")
+        return _wheel_pin(raw["wheel"])
+    except validate.Invalid as err:
+        raise UserError(f"{pins_path} is not a valid pins file: {err}") from None

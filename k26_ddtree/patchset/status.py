@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +28,12 @@ class FileStatus:
     path: Path
     current: bytes | None  # None: the file does not exist
     state: str             # PRISTINE, APPLIED or FOREIGN
-    link: Path | None = None  # the symlink on the way to the file (itself or a folder above it)
+    obstacle: str | None = None  # why apply cannot replace it as a regular file (a symlink, a folder, ...)
 
     @property
     def describe(self) -> str:
-        if self.link is not None:
-            return (f"{self.link.name} is a symlink to {os.readlink(self.link)}; apply replaces regular files only: "
-                    "put a copy of the file or folder in place of the link")
+        if self.obstacle is not None:
+            return self.obstacle
         if self.state != FOREIGN:
             return self.state
         if self.current is None:
@@ -77,15 +77,36 @@ def _file_state(pin: FilePin, current: bytes | None) -> str:
     return FOREIGN
 
 
-def _symlink_on_the_way(site: Path, rel: str) -> Path | None:
-    # Patching through a link would write outside this site (a shared store, another
-    # environment) where neither the lock nor the journal reach, and replacing the link
-    # would detach it silently; so a linked target is refused, by name.
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "an unknown kind of file"
+
+
+def _obstacle(site: Path, rel: str) -> str | None:
+    """Why the path cannot be read and replaced as a regular file, or None: it is one, or it is
+    absent (a file the patch adds), folders on the way included."""
     path = site
-    for part in rel.split("/"):
+    parts = rel.split("/")
+    for depth, part in enumerate(parts, 1):
         path = path / part
-        if path.is_symlink():
-            return path
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(mode):
+            # Patching through a link would write outside this site (a shared store, another
+            # environment) where neither the lock nor the journal reach, and replacing the link
+            # would detach it silently; so a linked target is refused, by name.
+            return (f"{path.name} is a symlink to {os.readlink(path)}; apply replaces regular files only: "
+                    "put a copy of the file or folder in place of the link")
+        if depth < len(parts) and not stat.S_ISDIR(mode):
+            return f"{FOREIGN} ({'/'.join(parts[:depth])} is {_kind(mode)} where a folder belongs)"
+        if depth == len(parts) and not stat.S_ISREG(mode):
+            # Reading it would fail or block (a FIFO), and os.replace cannot put a file over a folder.
+            return f"{FOREIGN} ({_kind(mode)} where a file belongs)"
     return None
 
 
@@ -93,8 +114,8 @@ def inspect(installation: Installation, patch_set: PatchSet) -> Status:
     files = []
     for pin in patch_set.files:
         path = installation.site / pin.rel
-        link = _symlink_on_the_way(installation.site, pin.rel)
-        current = path.read_bytes() if path.is_file() else None
-        state = FOREIGN if link is not None else _file_state(pin, current)
-        files.append(FileStatus(pin, path, current, state, link))
+        obstacle = _obstacle(installation.site, pin.rel)
+        current = path.read_bytes() if obstacle is None and path.is_file() else None
+        state = FOREIGN if obstacle is not None else _file_state(pin, current)
+        files.append(FileStatus(pin, path, current, state, obstacle))
     return Status(installation, patch_set, tuple(files))

@@ -101,5 +101,5 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def snapshot():
     """snapshot(root): every file under root (path -> bytes), to prove a refused command changed nothing.
-    The site's lock file is left out: every command creates it, and it stays (lock.py says why)."""
+    The site's lock file is left out: apply and --revert create it, and it stays (lock.py says why)."""
     return _snapshot

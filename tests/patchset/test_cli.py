@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from k26_ddtree.cli.main import build_parser
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -62,3 +66,17 @@ def test_help_documents_the_check_exit_codes():
     assert "--lock-timeout SECONDS" in shown and "<site>/.k26-ddtree.lock" in shown
     assert "<site>/.k26-ddtree.journal" in shown
     assert "130 / 143 when stopped by SIGINT /\nSIGTERM" in shown and "75 when the lock stayed busy" in shown
+
+
+@pytest.mark.parametrize("seconds", ["1e308", "inf", "nan", "3600.5", "-1", "soon"])
+def test_a_lock_timeout_past_an_hour_or_not_a_number_is_one_line(seconds):
+    refused = k26("--lock-timeout", seconds)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        f"k26-deploy: error: apply: argument --lock-timeout: not a number of seconds from 0 to 3600: {seconds!r} "
+        "(see `k26-deploy apply --help`)"]
+
+
+def test_a_lock_timeout_of_up_to_an_hour_is_taken():
+    for seconds, value in (("0", 0.0), ("2.5", 2.5), ("3600", 3600.0)):
+        assert build_parser().parse_args(["apply", "--lock-timeout", seconds]).lock_timeout == value
