@@ -188,6 +188,9 @@ def _install(args) -> int:
     from k26_ddtree.deploy.systemd import unit_file_name
 
     unit_file_name(args.unit)
+    if args.root == "":
+        # An empty --root would otherwise mean "no root": a write to this machine's /etc.
+        raise UserError("--root is empty: give the directory to write under, or leave --root out")
     if args.root and (args.start or args.enable):
         raise UserError("--start and --enable act on this machine's systemd; with --root they would do nothing")
     if not Path(args.unit_dir).is_absolute():

@@ -4,11 +4,19 @@ Each flag is a (name, value) pair, value None for a switch and a list for a
 flag that takes several words (the router's --worker-urls), so the unit template
 can lay them out one per line and the tests can check every name and value
 against the pinned SGLang argument parser.
+
+extra_args go through extra_args_problem(), which reads them the way SGLang's
+argparse does (the pinned parser's table in sglang_cli): they may add flags but
+not override one a key sets, however spelled, nor carry a secret.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
+
 from k26_ddtree.deploy.schema import Profile
+from k26_ddtree.deploy.sglang_cli import OPTIONS
 
 Flag = tuple[str, "str | list[str] | None"]
 
@@ -17,9 +25,74 @@ API_KEY_REFERENCE = "${K26_API_KEY}"
 # The router release router_flags() is written for (tests/deploy parse them with its own parser):
 # its --api-key is required from clients and sent on to the workers.
 ROUTER_PACKAGE = "sglang-router==0.3.2"
+# Its --policy choices.
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+
+# Every flag server_flags() can write, with the profile key that sets it. extra_args may not set
+# one of them in any spelling: a second --host after ours would win, past the API-key check.
+SERVER_FLAG_KEYS = {
+    "--model-path": "model",
+    "--served-model-name": "served_model_name",
+    "--host": "host",
+    "--port": "port",
+    "--trust-remote-code": "trust_remote_code",
+    "--tp-size": "parallel.tp_size",
+    "--ep-size": "parallel.ep_size",
+    "--moe-a2a-backend": "parallel.moe_a2a_backend",
+    "--enable-nccl-nvls": "parallel.enable_nccl_nvls",
+    "--nnodes": "parallel.nnodes",
+    "--node-rank": "parallel.node_rank",
+    "--dist-init-addr": "parallel.dist_init_addr",
+    "--attention-backend": "attention_backend",
+    "--speculative-algorithm": "speculative.algorithm",
+    "--speculative-draft-model-path": "drafter",
+    "--speculative-dflash-block-size": "speculative.block_size",
+    "--speculative-dflash-draft-window-size": "speculative.draft_window_size",
+    "--speculative-ddtree-budget": "speculative.budget",
+    "--speculative-ddtree-topk": "speculative.topk",
+    "--speculative-ddtree-spine": "speculative.spine",
+    "--speculative-ddtree-trace": "speculative.trace",
+    "--speculative-ddtree-trace-max-mb": "speculative.trace_max_mb",
+    "--cuda-graph-max-bs": "cuda_graph_max_bs",
+    "--disable-cuda-graph": "cuda_graph",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--context-length": "context_length",
+    "--max-running-requests": "max_running_requests",
+    "--tool-call-parser": "tool_call_parser",
+    "--reasoning-parser": "reasoning_parser",
+    "--skip-server-warmup": "skip_server_warmup",
+    "--enable-metrics": "enable_metrics",
+    "--api-key": "api_key",
+}
+ROUTER_FLAG_KEYS = {
+    "--worker-urls": "router.worker_urls",
+    "--host": "router.host",
+    "--port": "router.port",
+    "--policy": "router.policy",
+    "--api-key": "api_key",
+}
+# SGLang flags extra_args may not carry although no key sets them, and why.
+REFUSED_FLAGS = {
+    "--config": "reads further flags from a file, past every check of the profile",
+    "--help": "prints the usage and exits instead of serving",
+}
+# A flag or variable whose name ends in one of these words carries a secret (--api-key,
+# --ssl-keyfile-password, HF_TOKEN): in the unit file, which every user may read, it would be plain text.
+SECRET_WORDS = ("key", "token", "secret", "password")
+# SGLang's flags that end in "token" but count text tokens.
+TEXT_TOKEN_FLAGS = ("--bucket-time-to-first-token", "--kt-max-deferred-experts-per-token")
+# What argparse takes for a value although it starts with "-" (a parser without negative-number options).
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+# Each option string of SGLang's parser -> all option strings of its argument (--ep -> --expert-parallel-size, ...).
+ALIASES = {option: group for group in OPTIONS for option in group}
 
 
 def server_flags(profile: Profile) -> list[Flag]:
+    return keyed_server_flags(profile) + _split_extra(profile.extra_args)
+
+
+def keyed_server_flags(profile: Profile) -> list[Flag]:
+    """The server flags profile keys set (all but extra_args); each is in SERVER_FLAG_KEYS."""
     par, spec = profile.parallel, profile.speculative
     flags: list[Flag] = [
         ("--model-path", profile.model),
@@ -56,6 +129,10 @@ def server_flags(profile: Profile) -> list[Flag]:
         ]
         if spec.spine:
             flags.append(("--speculative-ddtree-spine", None))
+        if spec.trace is not None:
+            flags.append(("--speculative-ddtree-trace", spec.trace))
+        # The cap holds however tracing is turned on (the flag, or K26_DDTREE_TRACE in environment).
+        flags.append(("--speculative-ddtree-trace-max-mb", str(spec.trace_max_mb)))
     if profile.cuda_graph:
         flags.append(("--cuda-graph-max-bs", str(profile.cuda_graph_max_bs)))
     else:
@@ -75,7 +152,7 @@ def server_flags(profile: Profile) -> list[Flag]:
         flags.append(("--enable-metrics", None))
     if profile.api_key:
         flags.append(("--api-key", API_KEY_REFERENCE))
-    return flags + _split_extra(profile.extra_args)
+    return flags
 
 
 def router_flags(profile: Profile) -> list[Flag]:
@@ -100,3 +177,45 @@ def _split_extra(args: tuple[str, ...]) -> list[Flag]:
         else:
             pairs.append((token, None))
     return pairs
+
+
+def extra_args_problem(args: tuple[str, ...]) -> str | None:
+    """Why extra_args would set, to SGLang's parser, a flag the profile owns, a secret or a refused flag,
+    or hold a word it takes for no flag at all; None when they are fine.
+
+    A word starting with "-" is read the way argparse reads it: its name before any "=", an exact
+    option string (or alias), else the one option that name is a prefix of (allow_abbrev is on).
+    """
+    for word in args:
+        if word == "-" or _NEGATIVE_NUMBER.fullmatch(word) or not word.startswith("-"):
+            continue  # a value
+        entry = f"entry {word!r}"
+        name = word.partition("=")[0]
+        if not name.startswith("--") or len(name) == 2:
+            return f"{entry} is not an SGLang flag (those are --name)"
+        found = [name] if name in ALIASES else [o for o in ALIASES if o.startswith(name)]
+        if not found:
+            close = difflib.get_close_matches(name, list(ALIASES), n=1)
+            return f"{entry} is not an SGLang 0.5.11 flag" + (f" (did you mean {close[0]}?)" if close else "")
+        if len(found) > 1:
+            shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            return f"{entry}: {name} is ambiguous to SGLang's parser ({shown}); spell the flag out"
+        if found[0] != name:
+            entry += f" (SGLang reads {name} as {found[0]})"
+        for alias in ALIASES[found[0]]:
+            key = SERVER_FLAG_KEYS.get(alias)
+            if key == "api_key":
+                return (f"{entry} sets the API key, which would be plain text in the unit file: set api_key: true "
+                        "instead (the key then comes from K26_API_KEY in env_file, mode 0600)")
+            if key is not None:
+                return f"{entry} sets {alias}, which the profile sets through its key {key}: set {key} instead"
+            if alias in REFUSED_FLAGS:
+                return f"{entry} is refused: {alias} {REFUSED_FLAGS[alias]}"
+            if is_secret_name(alias):
+                return f"{entry} sets a secret ({alias}), which would be plain text in the unit file"
+    return None
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a flag (--api-key) or variable (HF_TOKEN) name ends in a word that means a secret."""
+    return name not in TEXT_TOKEN_FLAGS and re.split(r"[-_]", name.lower())[-1] in SECRET_WORDS

@@ -4,26 +4,39 @@ A profile is a base plus overrides. Shipped profiles live in deploy/profiles/
 (found through k26_ddtree.resources); a user's own YAML may extend a shipped
 name or another file. The keys, their types and defaults are the dataclasses of
 k26_ddtree.deploy.schema; this module adds what types alone cannot say (ranges,
-relations between keys). Every mistake is a UserError naming the file and the
-key, never a traceback.
+relations between keys, SGLang's choices, addresses and URLs), and that no value
+reaches a command line as a flag of its own. Every mistake is a UserError naming
+the file and the key, never a traceback.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import ipaddress
 import json
+import re
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from k26_ddtree.core import budget
 from k26_ddtree.deploy import values
+from k26_ddtree.deploy.flags import (
+    ROUTER_FLAG_KEYS, ROUTER_POLICIES, SERVER_FLAG_KEYS, extra_args_problem, is_secret_name, keyed_server_flags,
+    router_flags,
+)
 from k26_ddtree.deploy.schema import Profile, Speculative, keys
+from k26_ddtree.deploy.sglang_cli import CHOICES
 from k26_ddtree.deploy.yamlread import read_yaml
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import data_path
 
 ALGORITHMS = ("DDTREE", "DFLASH")
+# The one backend whose verify applies DDTree's tree mask (k26_ddtree.sglang.args, which imports torch).
+DDTREE_ATTENTION_BACKEND = "triton"
+# One RFC 1123 host name label.
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 def profiles_dir() -> Path:
@@ -105,15 +118,113 @@ def check_values(profile: Profile, origin: str) -> None:
         raise bad("cuda_graph_max_bs", f"must be >= 1, got {profile.cuda_graph_max_bs}")
     if profile.mem_fraction_static is not None and not 0 < profile.mem_fraction_static < 1:
         raise bad("mem_fraction_static", f"must be between 0 and 1, got {profile.mem_fraction_static}")
+    for key in ("context_length", "max_running_requests"):
+        if getattr(profile, key) is not None and getattr(profile, key) < 1:
+            raise bad(key, f"must be >= 1 or null, got {getattr(profile, key)}")
     for key, kind in keys(type(svc)).items():
         if kind.name == "int" and getattr(svc, key) < 1:
             raise bad(f"service.{key}", f"must be >= 1, got {getattr(svc, key)}")
+    _check_addresses(profile, bad)
+    _check_choices(profile, bad)
+    _check_command_lines(profile, bad)
+
+
+def _check_command_lines(profile: Profile, bad) -> None:
+    """No flag hidden in a value, none that extra_args must not set, no secret in the unit file."""
+    for name in profile.environment:
+        if is_secret_name(name):
+            raise bad(f"environment.{name}", "looks like a secret, which would be plain text in the unit file: "
+                                             "put it in env_file (mode 0600) instead")
     extra = profile.extra_args
     if extra and not extra[0].startswith("--"):
         raise bad("extra_args", f"must start with a --flag, got {extra[0]!r}")
-    for arg in extra:
-        if arg.startswith("--speculative-ddtree") or arg in ("--port", "--host", "--model-path"):
-            raise bad("extra_args", f"must not carry {arg}: set it through its profile key")
+    problem = extra_args_problem(extra)
+    if problem:
+        raise bad("extra_args", problem)
+    # Whatever a key holds, no value of it may reach a command line as a flag of its own.
+    for flags, owners in ((keyed_server_flags(profile), SERVER_FLAG_KEYS), (router_flags(profile), ROUTER_FLAG_KEYS)):
+        for flag, value in flags:
+            for word in [value] if isinstance(value, str) else value or []:
+                if word.startswith("-"):
+                    raise bad(owners[flag], f"must not start with '-' (it would reach {flag} as a flag), got {word!r}")
+
+
+def _check_addresses(profile: Profile, bad) -> None:
+    for key, host in (("host", profile.host), ("router.host", profile.router.host)):
+        problem = _host_problem(host)
+        if problem:
+            raise bad(key, f"{problem}, got {host!r}")
+    addr = profile.parallel.dist_init_addr
+    if addr is not None:
+        problem = _host_port_problem(addr)
+        if problem:
+            raise bad("parallel.dist_init_addr", f"must be HOST:PORT or [IPv6]:PORT ({problem}), got {addr!r}")
+    for url in profile.router.worker_urls:
+        problem = _base_url_problem(url)
+        if problem:
+            raise bad("router.worker_urls", f"entry {url!r} {problem}")
+
+
+def _check_choices(profile: Profile, bad) -> None:
+    if profile.speculative.algorithm == "DDTREE" and profile.attention_backend != DDTREE_ATTENTION_BACKEND:
+        raise bad("attention_backend", f"must be {DDTREE_ATTENTION_BACKEND} with speculative.algorithm DDTREE "
+                                       f"(its tree verify needs a tree mask), got {profile.attention_backend!r}")
+    for key, value, choices in (
+        ("attention_backend", profile.attention_backend, CHOICES["--attention-backend"]),
+        ("parallel.moe_a2a_backend", profile.parallel.moe_a2a_backend, CHOICES["--moe-a2a-backend"]),
+        ("tool_call_parser", profile.tool_call_parser, CHOICES["--tool-call-parser"]),
+        ("reasoning_parser", profile.reasoning_parser, CHOICES["--reasoning-parser"]),
+        ("router.policy", profile.router.policy, ROUTER_POLICIES),
+    ):
+        if value is not None and value not in choices:
+            raise bad(key, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why `host` is neither an IP address nor an RFC 1123 host name; None when it is one."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.split(".")
+        # RFC 1123 2.1: a name's last label is never all digits, so 999.1.1.1 is a bad address, not a name.
+        if len(host) <= 253 and all(map(_LABEL.fullmatch, labels)) and not labels[-1].isdigit():
+            return None
+        return "must be an IP address or an RFC 1123 host name (letters, digits, inner '-', dots)"
+    if getattr(address, "scope_id", None):
+        return "must be an IP address without a %zone (the readiness URL cannot carry one as written)"
+    return None
+
+
+def _host_port_problem(addr: str) -> str | None:
+    """SGLang's own HOST:PORT reading (NetworkAddress.parse): IPv6 in brackets, else split at the last ':'."""
+    if addr.startswith("["):
+        host, sep, port = addr[1:].partition("]:")
+        if not sep or ":" not in host:
+            return "[IPv6] then :PORT"
+    else:
+        host, sep, port = addr.rpartition(":")
+        if not sep or ":" in host:
+            return "IPv6 needs brackets" if ":" in host else "no :PORT"
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        return "PORT must be 1..65535"
+    problem = _host_problem(host)
+    return f"HOST {problem}" if problem else None
+
+
+def _base_url_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError as err:
+        return f"is not a valid URL ({err})"
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        return "must be an http(s) URL with a host, e.g. http://node1:30000"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry a user or password (it would be plain text in the unit file)"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "must be a base URL, http(s)://HOST[:PORT], without a path or query"
+    problem = _host_problem(parts.hostname)
+    return f"has a host that {problem}" if problem else None
 
 
 def _check_speculative(spec: Speculative, bad) -> None:
@@ -127,6 +238,10 @@ def _check_speculative(spec: Speculative, bad) -> None:
         raise bad("speculative.topk", f"must be >= 1, got {spec.topk}")
     if spec.budget < 1:
         raise bad("speculative.budget", f"must be >= 1, got {spec.budget}")
+    if spec.trace is not None and spec.algorithm != "DDTREE":
+        raise bad("speculative.trace", "needs speculative.algorithm DDTREE (the server traces DDTree steps only)")
+    if spec.trace_max_mb < 1:
+        raise bad("speculative.trace_max_mb", f"must be >= 1, got {spec.trace_max_mb}")
     depth = spec.block_size - 1
     limit = budget.max_budget(depth, spec.topk)
     if spec.budget > limit:
@@ -146,8 +261,11 @@ def _check_speculative(spec: Speculative, bad) -> None:
 def _locate(ref: str, base_dir: Path) -> Path:
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
         path = (base_dir / ref).resolve()
+        if path.is_dir():
+            raise UserError(f"profile {path} is a directory, not a YAML file")
         if not path.is_file():
-            raise UserError(f"profile file not found: {path}")
+            raise UserError(f"profile file not found: {path}" if not path.exists()
+                            else f"profile {path} is not a regular file")
         return path
     shipped = profiles_dir() / f"{ref}.yaml"
     if not shipped.is_file():

@@ -43,11 +43,12 @@ def section(cls: type, doc: str):
 class Parallel:
     tp_size: int = key(8, "tensor-parallel ranks (--tp-size)")
     ep_size: int | None = key(None, "expert-parallel ranks, a divisor of tp_size; null: off")
-    moe_a2a_backend: str | None = key(None, "MoE all-to-all backend (--moe-a2a-backend); null: SGLang's default")
+    moe_a2a_backend: str | None = key(None, "MoE all-to-all backend, one of SGLang's (--moe-a2a-backend); "
+                                            "null: its default")
     enable_nccl_nvls: bool = key(False, "NCCL NVLS all-reduce (NVLink boxes)")
     nnodes: int = key(1, "machines one server spans (SGLang multi-node)")
     node_rank: int = key(0, "this machine's rank, 0..nnodes-1; only rank 0 serves generates")
-    dist_init_addr: str | None = key(None, "HOST:PORT of node 0; required when nnodes > 1")
+    dist_init_addr: str | None = key(None, "HOST:PORT (or [IPv6]:PORT) of node 0; required when nnodes > 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,12 @@ class Speculative:
     topk: int = key(4, "DDTree children per node, >= 1")
     spine: bool = key(True, "keep the drafter's top-1 chain (never below linear DFlash); b8/k4 without it "
                             "lost to DFLASH (0.99x), with it 1.16-1.66x: bench/results/gpu-session3")
+    trace: AbsPath | None = key(None, "DDTREE only: append the drafter's top-8 and the committed tokens per "
+                                      "decode step to this file, for `k26-deploy tune` "
+                                      "(--speculative-ddtree-trace); null: off")
+    # The server's own default (k26_ddtree.sglang.args, which imports torch: too slow for rendering a unit).
+    trace_max_mb: int = key(1024, "DDTREE only: tracing stops before the file passes this many MB, >= 1 "
+                                  "(--speculative-ddtree-trace-max-mb)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,10 +84,11 @@ class Service:
 
 @dataclass(frozen=True, kw_only=True)
 class Router:
-    host: str = key("0.0.0.0", "bind address; beyond loopback it needs api_key: true (or open_without_api_key)")
+    host: str = key("127.0.0.1", "bind address, an IP address or host name; loopback (this machine only) unless "
+                                 "api_key: true (or open_without_api_key) opens it, e.g. to 0.0.0.0")
     port: int = key(30080, "the router's port, 1..65535")
     policy: str = key("cache_aware", "random, round_robin, cache_aware, power_of_two or manual")
-    worker_urls: tuple[str, ...] = key((), "the replicas' base URLs, e.g. http://node1:30000")
+    worker_urls: tuple[str, ...] = key((), "the replicas' base URLs, http(s)://HOST[:PORT], e.g. http://node1:30000")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +105,8 @@ class Profile:
     model: AbsPath = key("/models/Kimi-K2.6", "Kimi K2.6 (from `k26-deploy fetch-model`)")
     drafter: AbsPath = key("/models/Kimi-K2.6-DFlash", "its DFlash drafter (from `k26-deploy fetch-model`)")
     served_model_name: str = key("kimi-k2.6", "the name /v1/models reports")
-    host: str = key("127.0.0.1", "bind address; beyond loopback it needs api_key: true (or open_without_api_key)")
+    host: str = key("127.0.0.1", "bind address, an IP address or host name; beyond loopback it needs "
+                                 "api_key: true (or open_without_api_key)")
     port: int = key(30000, "the server's port, 1..65535")
     api_key: bool = key(False, "true: --api-key ${K26_API_KEY} from env_file (mode 0600) on the server "
                                "and the router; clients send it as a Bearer token")
@@ -108,7 +117,8 @@ class Profile:
     environment: Mapping[str, str] = key({}, "extra Environment= entries, NAME: \"value\"")
     parallel: Parallel = section(Parallel, "how one server spreads over GPUs and machines")
     speculative: Speculative = section(Speculative, "DFlash drafting and DDTree tree verification")
-    attention_backend: str = key("triton", "target attention kernels (triton on sm_120 and sm_103)")
+    attention_backend: str = key("triton", "target attention kernels, one of SGLang's; DDTREE verifies with "
+                                           "triton only")
     cuda_graph: bool = key(True, "false adds --disable-cuda-graph (debugging only)")
     cuda_graph_max_bs: int = key(32, "largest batch captured in a CUDA graph")
     mem_fraction_static: float | None = key(None, "GPU memory fraction for weights and KV cache, in (0, 1); "
@@ -116,12 +126,12 @@ class Profile:
     context_length: int | None = key(None, "longest context served; null: SGLang's default")
     max_running_requests: int | None = key(None, "requests decoded at once; null: SGLang's default")
     trust_remote_code: bool = key(True, "--trust-remote-code: K2.6 ships its own model code")
-    tool_call_parser: str | None = key("kimi_k2", "--tool-call-parser; null: none")
-    reasoning_parser: str | None = key("kimi_k2", "--reasoning-parser; null: none")
+    tool_call_parser: str | None = key("kimi_k2", "--tool-call-parser, one of SGLang's; null: none")
+    reasoning_parser: str | None = key("kimi_k2", "--reasoning-parser, one of SGLang's; null: none")
     skip_server_warmup: bool = key(True, "text-only start: the vision warm-up needs a kernel these boxes lack")
     enable_metrics: bool = key(True, "Prometheus /metrics")
-    extra_args: tuple[str, ...] = key((), "further SGLang 0.5.11 flags, verbatim; not --host, --port, "
-                                          "--model-path or --speculative-ddtree-* (set those through their keys)")
+    extra_args: tuple[str, ...] = key((), "further SGLang 0.5.11 flags, verbatim; none a key here sets (in any "
+                                          "spelling or abbreviation), no secret, no --config")
     service: Service = section(Service, "the systemd unit: bounded waits, restarts, limits")
     router: Router = section(Router, "`render --router`: SGLang's router in front of replicas on several machines")
 

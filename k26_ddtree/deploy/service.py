@@ -39,6 +39,8 @@ class Outcome:
 
 
 def state_dir(given: str | None) -> Path:
+    if given == "":
+        raise UserError("--state-dir is empty: give a directory, or leave --state-dir out")
     return Path(given or os.environ.get("K26_STATE_DIR") or DEFAULT_STATE_DIR)
 
 

@@ -93,7 +93,7 @@ def local_url(profile: Profile) -> str:
         host = "127.0.0.1"
     elif host == "::":
         host = "[::1]"
-    elif ":" in host and not host.startswith("["):
+    elif ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{profile.port}"
 

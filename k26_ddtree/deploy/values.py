@@ -70,14 +70,21 @@ def apply_set(data: dict, assignment: str, root: type) -> None:
     for i, part in enumerate(parts):
         kind = keys(cls).get(part)
         last = i == len(parts) - 1
+        here = ".".join(parts[:i + 1])
         if kind is not None and kind.name == "map" and i == len(parts) - 2:
             node.setdefault(part, {})[parts[-1]] = text
             return
-        if kind is None or last == (kind.section is not None):
+        if kind is None:
             known = dotted_keys(root)
             close = difflib.get_close_matches(dotted, known, n=1)
             hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
             raise UserError(f"--set {dotted}: unknown key ({hint})")
+        if last and kind.section is not None:
+            inner = dotted_keys(kind.section, f"{here}.")
+            raise UserError(f"--set {dotted}: {here} is a section, set one of its keys: {', '.join(inner)}")
+        if not last and kind.section is None:
+            example = f"{here}.NAME=value" if kind.name == "map" else f"{here}=VALUE"
+            raise UserError(f"--set {dotted}: {here} is a key, not a section (--set {example})")
         if last:
             node[part] = _parse_text(text, kind, f"--set {dotted}")
             return

@@ -160,3 +160,30 @@ def test_a_model_path_that_is_a_file_says_so(tmp_path):
     message = one_line_error(k26("render", "--profile", "pcie-ep8", "--set", f"model={weights}"))
     assert f"model: {weights} is a file, not a model directory" in message
     assert "is missing" not in message
+
+
+def test_a_profile_turns_the_server_trace_on(tmp_path):
+    profile = tmp_path / "traced.yaml"
+    profile.write_text("extends: pcie-ep8\nspeculative:\n  trace: /var/lib/k26-ddtree/trace.bin\n  trace_max_mb: 64\n")
+    proc = k26("render", "--profile", str(profile), "--allow-missing-model")
+    assert proc.returncode == 0, proc.stderr
+    words = exec_start_words(proc.stdout)
+    assert words[words.index("--speculative-ddtree-trace") + 1] == "/var/lib/k26-ddtree/trace.bin"
+    assert words[words.index("--speculative-ddtree-trace-max-mb") + 1] == "64"
+    assert profile_from_unit(proc.stdout, "traced.service").speculative.trace == "/var/lib/k26-ddtree/trace.bin"
+    off = exec_start_words(k26("render", "--profile", "pcie-ep8", "--allow-missing-model").stdout)
+    assert "--speculative-ddtree-trace" not in off, "off by default"
+    assert off[off.index("--speculative-ddtree-trace-max-mb") + 1] == "1024", "the cap holds for K26_DDTREE_TRACE too"
+
+
+@pytest.mark.parametrize("sets, expected", [
+    (["speculative.trace=/x/t.bin", "speculative.algorithm=DFLASH"],
+     "speculative.trace needs speculative.algorithm DDTREE"),
+    (["speculative.trace=trace.bin"], "speculative.trace must be an absolute path"),
+    (["speculative.trace_max_mb=0"], "speculative.trace_max_mb must be >= 1, got 0"),
+])
+def test_trace_mistakes_are_one_line(sets, expected):
+    args = ["render", "--profile", "pcie-ep8", "--allow-missing-model"]
+    for assignment in sets:
+        args += ["--set", assignment]
+    assert expected in one_line_error(k26(*args))

@@ -10,7 +10,7 @@ import yaml
 
 from k26_ddtree.deploy import basegen
 from k26_ddtree.deploy.profiles import load_profile, profiles_dir, to_json
-from k26_ddtree.deploy.schema import Profile, keys
+from k26_ddtree.deploy.schema import Profile, Speculative, default, keys
 from k26_ddtree.deploy.units import PROFILE_MARK, profile_from_unit, render_service
 from k26_ddtree.deploy.values import dotted_keys, to_data
 
@@ -67,3 +67,12 @@ def test_a_unit_rendered_before_a_key_existed_still_reads():
     older = text.replace(line, PROFILE_MARK + json.dumps(raw))
     assert profile_from_unit(older, "old.service") == profile_from_unit(text, "new.service")
 
+
+
+def test_the_server_side_constants_the_deploy_side_repeats_agree():
+    """The deploy side does not import k26_ddtree.sglang.args (it imports torch): its copies must match."""
+    from k26_ddtree.deploy.profiles import DDTREE_ATTENTION_BACKEND
+    from k26_ddtree.sglang import args
+
+    assert default(Speculative, "trace_max_mb") == args.DEFAULT_TRACE_MAX_MB
+    assert DDTREE_ATTENTION_BACKEND == args.SUPPORTED_ATTENTION_BACKEND
