@@ -13,6 +13,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from k26_ddtree.bench.results import MAX_CONCURRENCY, MAX_REQUESTS
 from k26_ddtree.cli import checks
 
 DEFAULT_URL = "http://127.0.0.1:30000"
@@ -30,13 +31,20 @@ RESULTS_HELP = (
 
 
 def int_list(text: str) -> tuple[int, ...]:
-    """'1,8,32' -> (1, 8, 32); positive integers only."""
+    """'1,8,32' -> (1, 8, 32); distinct positive integers only (an empty item or a repeat is a typo:
+    it would drop a value silently, or measure one cell twice under one key)."""
+    items = [part.strip() for part in text.split(",")]
+    if "" in items:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r} (an empty item)")
     try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(int(item) for item in items)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
+    if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(str, repeated))} given twice in {text!r}")
     return values
 
 
@@ -50,6 +58,29 @@ def positive_int(text: str) -> int:
     return value
 
 
+def concurrency_list(text: str) -> tuple[int, ...]:
+    values = int_list(text)
+    if max(values) > MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"at most {MAX_CONCURRENCY} requests in flight (a cell builds its "
+                                         f"max(8, 2*C) prompts before it starts), got {text!r}")
+    return values
+
+
+def request_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_REQUESTS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_REQUESTS} requests per cell (a cell builds all its "
+                                         f"prompts before it starts), got {text!r}")
+    return value
+
+
+def path_arg(text: str) -> Path:
+    """A path flag's value; an empty one is refused (Path('') is '.', the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty: give a path")
+    return Path(text)
+
+
 def default_out() -> Path:
     return Path(f"k26-bench-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json")
 
@@ -59,8 +90,9 @@ def _add_server_args(p: argparse.ArgumentParser, record_config: bool = True) -> 
     g.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
     g.add_argument("--api-key-file", help="file holding the server's API key, sent as 'Authorization: Bearer'; "
                                           "else $K26_API_KEY; never printed or stored")
-    g.add_argument("--out", type=Path,
-                   help="results JSON to create or append to (default ./k26-bench-<UTC time>.json)")
+    g.add_argument("--out", type=path_arg,
+                   help="results JSON to create or append to (default ./k26-bench-<UTC time>.json); "
+                        "a symlink is followed: the file it names is the one appended to")
     g.add_argument("--label", help="name of this run in reports (default from the server: AR, DFLASH, DDTREE b8 k4)")
     g.add_argument("--profile", default=os.environ.get("K26_PROFILE"),
                    help="deploy profile name to record ($K26_PROFILE)")
@@ -79,10 +111,11 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("matrix")
     g.add_argument("--contexts", type=int_list, default=int_list(DEFAULT_CONTEXTS),
                    help=f"prompt lengths in tokens (default {DEFAULT_CONTEXTS})")
-    g.add_argument("--concurrency", type=int_list, default=int_list(DEFAULT_CONCURRENCY),
-                   help=f"concurrency levels (default {DEFAULT_CONCURRENCY})")
+    g.add_argument("--concurrency", type=concurrency_list, default=int_list(DEFAULT_CONCURRENCY),
+                   help=f"concurrency levels, at most {MAX_CONCURRENCY} (default {DEFAULT_CONCURRENCY})")
     g.add_argument("--output-len", type=positive_int, default=256, help="tokens generated per request (default 256)")
-    g.add_argument("--requests", type=positive_int, help="requests per cell (default max(8, 2*C))")
+    g.add_argument("--requests", type=request_count,
+                   help=f"requests per cell, at most {MAX_REQUESTS} (default max(8, 2*C))")
     g.add_argument("--warmup", type=int, default=2,
                    help="warm-up requests before each cell, not measured (default 2)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
@@ -90,12 +123,13 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
                    help="stop at EOS (default: ignore_eos, every request generates --output-len tokens)")
     g.add_argument("--seed", type=int, default=0, help="prompt seed: same seed, same prompts (default 0)")
     g.add_argument("--id-range",
-                   help="token ids of random-ids prompts, LOW:HIGH (default 1000:30000, cut to the served model's "
-                        "vocabulary); special ids are always skipped, and a range past the vocabulary is refused")
+                   help="token ids of random-ids prompts, LOW:HIGH with 0 <= LOW < HIGH (default 1000:30000, cut to "
+                        "the served model's vocabulary); special ids are always skipped, and a range past the "
+                        "vocabulary is refused")
     g.add_argument("--vocab-size", type=positive_int, metavar="N",
                    help="token ids of the served model, when its config.json is not on this machine (the bench "
                         "reads it from the server's model_path and refuses to guess)")
-    g.add_argument("--prompt-file", type=Path,
+    g.add_argument("--prompt-file", type=path_arg,
                    help="take prompts from windows of this text file instead of random ids "
                         "(a word per token unless --tokenizer is given)")
     g.add_argument("--tokenizer", help="tokenizer (path or name) to cut --prompt-file windows of exact token length")
@@ -113,7 +147,7 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="seconds per sandboxed test run (default 10)")
     g.add_argument("--eval-tokenizer",
                    help="chat template for /generate prompts (default: the server's tokenizer path if it is local)")
-    g.add_argument("--tasks", type=Path, help="task file (default: the built-in bench/coding_tasks.yaml)")
+    g.add_argument("--tasks", type=path_arg, help="task file (default: the built-in bench/coding_tasks.yaml)")
     g.add_argument("--task", action="append", help="run only this task id (repeatable)")
     g.add_argument("--eval-unsandboxed", action="store_true",
                    help="where bubblewrap (bwrap) does not work, still run the model's code: in a plain process "
@@ -305,8 +339,10 @@ def register(sub) -> None:
             "b8/b16, ...) are shown side by side with the best config per concurrency."
         ),
     )
-    report.add_argument("results", nargs="+", type=Path, metavar="RUN.json", help="results files from bench run/sweep")
-    report.add_argument("--out", type=Path, default=Path("bench-report"), help="output folder (default ./bench-report)")
+    report.add_argument("results", nargs="+", type=path_arg, metavar="RUN.json",
+                        help="results files from bench run/sweep")
+    report.add_argument("--out", type=path_arg, default=Path("bench-report"),
+                        help="output folder (default ./bench-report)")
     report.set_defaults(func=handle_report)
 
     sweep = actions.add_parser(

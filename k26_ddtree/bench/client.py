@@ -16,6 +16,7 @@ from typing import Callable
 
 import httpx
 
+from k26_ddtree.bench.boundedjson import MAX_ANSWER_DEPTH, TooDeep, loads
 from k26_ddtree.errors import UserError
 
 API_KEY_ENV = "K26_API_KEY"
@@ -100,7 +101,7 @@ class ServerClient:
 
     async def _get_json(self, path: str) -> dict:
         """The JSON object at `path`; anything else (no answer, an error status, a body that is
-        not a JSON object) is one UserError line."""
+        not a JSON object or nests too deep to record) is one UserError line."""
         url = f"{self.base_url}{path}"
         try:
             response = await self._http.get(path)
@@ -113,7 +114,9 @@ class ServerClient:
         if response.status_code != 200:
             raise UserError(f"{url} answered HTTP {response.status_code}")
         try:
-            body = response.json()
+            body = loads(response.content, MAX_ANSWER_DEPTH)
+        except TooDeep as err:
+            raise UserError(f"{url} answered {err}") from None
         except ValueError:  # not JSON, or not UTF-8 text
             raise UserError(f"{url} did not answer JSON") from None
         if not isinstance(body, dict):
@@ -204,7 +207,7 @@ class ServerClient:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    chunk = json.loads(data)
+                    chunk = loads(data, MAX_ANSWER_DEPTH)
                     if not isinstance(chunk, dict):
                         raise ValueError(f"stream chunk {json.dumps(chunk)[:40]} is not a JSON object")
                     if "error" in chunk:
@@ -246,7 +249,7 @@ class ServerClient:
             response = await self._http.post("/v1/chat/completions", json=payload)
             if response.status_code != 200:
                 return ChatRecord(ok=False, error=_error_text(response, response.content))
-            message, tokens = _chat_answer(response.json())
+            message, tokens = _chat_answer(loads(response.content, MAX_ANSWER_DEPTH))
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
             return ChatRecord(ok=False, error=_exception_text(err))
         return ChatRecord(ok=True, message=message, completion_tokens=tokens, latency_s=time.perf_counter() - start)

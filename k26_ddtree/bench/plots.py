@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from k26_ddtree import atomic  # noqa: E402
 
 DPI = 120
 
@@ -21,18 +22,26 @@ def color(index: int):
 
 
 def save_png(fig, path: Path) -> Path:
-    """Write and close `fig` as a PNG at `path`, whole (a temp file beside it, then os.replace)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
+    """Write and close `fig` as a PNG at `path`, whole and with report.md's permissions
+    (atomic.replace: a temp file beside it, then os.replace). Raises OSError."""
+    png = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=DPI, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fig.savefig(png, format="png", dpi=DPI, bbox_inches="tight")
     finally:
         plt.close(fig)
+    atomic.replace(path, png.getvalue())
     return path
+
+
+def _legend(ax, drawn: bool) -> None:
+    """The legend of a panel, or, where nothing could be drawn, a note saying so (a legend of
+    nothing is a matplotlib warning, and a blank panel reads like a broken plot)."""
+    if drawn:
+        ax.legend(fontsize=8)
+    else:
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, "no cell produced tokens", transform=ax.transAxes, ha="center", va="center",
+                color="gray")
 
 
 def _contexts(runs: list[dict]) -> list[int]:
@@ -46,11 +55,13 @@ def throughput_plot(runs: list[dict], names: list[str], path: Path) -> Path:
     rows = math.ceil(len(contexts) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(6.4 * columns, 4.2 * rows), squeeze=False)
     for ax, ctx in zip(axes.flat, contexts):
+        drawn = False
         for index, (name, run) in enumerate(zip(names, runs)):
             cells = sorted((c for c in run["cells"] if c["context"] == ctx and c["output_tok_s"] is not None),
                            key=lambda c: c["concurrency"])
             if not cells:
                 continue
+            drawn = True
             xs = [c["concurrency"] for c in cells]
             ax.plot(xs, [c["output_tok_s"] for c in cells], marker="o", label=name, color=color(index))
             bad = [c for c in cells if c["has_errors"]]
@@ -65,7 +76,7 @@ def throughput_plot(runs: list[dict], names: list[str], path: Path) -> Path:
         ax.set_xlabel("concurrency")
         ax.set_ylabel("output tok/s")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax, drawn)
     for ax in list(axes.flat)[len(contexts):]:
         ax.set_visible(False)
     fig.suptitle("Output throughput vs concurrency (red x: cell with errors)")
@@ -112,14 +123,16 @@ def single_user_plot(runs: list[dict], names: list[str], path: Path) -> Path:
     lowest = min(c["concurrency"] for r in runs for c in r["cells"])
     keys = sorted({(c["context"], lowest) for r in runs for c in r["cells"] if c["concurrency"] == lowest})
     fig, ax = plt.subplots(figsize=(max(6.4, 0.6 * len(keys) * max(1, len(runs)) + 2), 4.2))
+    drawn = False
     for name, xs, ys, width, color in _grouped_bars(keys, names, runs, lambda c: c["request_tok_s"]["mean"]):
         ax.bar(xs, ys, width=width, label=name, color=color)
+        drawn = drawn or bool(ys)
     ax.set_xticks(range(len(keys)), [str(ctx) for ctx, _ in keys])
     ax.set_xlabel("context tokens")
     ax.set_ylabel("tok/s per request")
     ax.set_title(f"Single-stream speed: per-request tok/s at C={lowest}")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, drawn)
     fig.tight_layout()
     return save_png(fig, path)
 

@@ -44,7 +44,9 @@ def parse_id_range(text: str) -> tuple[int, int]:
         low, high = (int(part) for part in text.split(":"))
     except ValueError:
         raise UserError(f"--id-range must be LOW:HIGH (two integers), got {text!r}") from None
-    if not 0 <= low < high:
+    if low < 0:
+        raise UserError(f"--id-range LOW is {low}: token ids are never negative (0 <= LOW < HIGH)")
+    if low >= high:
         raise UserError(f"--id-range needs 0 <= LOW < HIGH, got {text!r}")
     return low, high
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -184,17 +186,34 @@ def render_markdown(runs: list[dict], plots: list[Path]) -> str:
     return "\n".join(parts)
 
 
+@contextlib.contextmanager
+def _folder_removed_on_failure(folder: Path):
+    """Create `folder` (and its missing parents) for the block; when the block fails, remove
+    what was created here, so no empty or half-filled new folder is left behind."""
+    created = [f for f in (folder, *folder.parents) if not f.exists()]
+    try:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot create the report folder {folder}: {err.strerror}") from None
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(created[-1], ignore_errors=True)
+        raise
+
+
 def render_report(runs: list[dict], out_dir: Path) -> list[Path]:
-    """Write report.md and the plots into out_dir; return the files written."""
+    """Write report.md and the plots into out_dir, each file replaced whole; return the files written."""
     from k26_ddtree.bench.plots import write_plots
 
     if not runs:
         raise UserError("the results files hold no runs")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"cannot create the report folder {out_dir}: {err.strerror}") from None
-    plots = write_plots(runs, run_names(runs), out_dir) if any(r["cells"] for r in runs) else []
-    report = out_dir / "report.md"
-    atomic.write_text(report, render_markdown(runs, plots))
+    with _folder_removed_on_failure(out_dir):
+        try:
+            plots = write_plots(runs, run_names(runs), out_dir) if any(r["cells"] for r in runs) else []
+        except OSError as err:
+            raise UserError(f"cannot write the plots into {out_dir}: {err.strerror or err}") from None
+        report = out_dir / "report.md"
+        atomic.write_text(report, render_markdown(runs, plots))
     return [report, *plots]

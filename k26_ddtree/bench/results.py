@@ -9,20 +9,30 @@ DFLASH and DDTREE runs for a side-by-side report.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import secrets
 import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from k26_ddtree import atomic
+from k26_ddtree.bench.boundedjson import MAX_FILE_DEPTH, TooDeep, loads
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import source_root
 
 SCHEMA = "k26-ddtree-bench/1"
+# A cell builds max(8, 2*C) prompts (or --requests) before its first request, so a mistyped C
+# or request count would fill memory before anything is measured; --concurrency and --requests
+# are refused past these, and a results file holding more was not written by the bench.
+MAX_CONCURRENCY = 4096
+MAX_REQUESTS = 2 * MAX_CONCURRENCY
+# Above any rate (tok/s), latency (ms) or acceptance a bench measures; far below the float
+# range, near whose end matplotlib cannot lay out an axis.
+MAX_MEASURE = 1e9
 RUN_KEYS = ("run_id", "label", "status", "started_at", "cells")
-CELL_KEYS = ("context", "concurrency", "has_errors", "output_tok_s", "request_tok_s", "accept_length",
-             "server_avg_spec_accept_length")
 _SECRET_KEY = re.compile(r"(api[-_]?key|password|secret|(^|[-_])token$)", re.IGNORECASE)
 
 
@@ -99,15 +109,21 @@ def run_label(server_info: dict, budget, topk) -> str:
 
 
 def load_results(path: Path) -> dict:
-    """Parse a results file; a clear error for anything that is not one."""
+    """Parse a results file; a clear error for anything that is not one, down to each number the
+    readers (report, plots, tune) use, so none of them meets a value it cannot handle."""
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = loads(path.read_text(encoding="utf-8"), MAX_FILE_DEPTH)
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
     except UnicodeDecodeError:
         raise UserError(f"{path} is not JSON (not UTF-8 text)") from None
+    except TooDeep as err:
+        raise UserError(f"{path} is not a k26-deploy bench results file ({err})") from None
+    except ValueError:  # json.loads refuses an integer longer than Python converts (4300 digits)
+        raise UserError(f"{path} holds an integer of more than {sys.get_int_max_str_digits()} digits: "
+                        "not a k26-deploy bench results file") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA or not isinstance(document.get("runs"), list):
         raise UserError(f"{path} is not a k26-deploy bench results file (schema {SCHEMA})")
     for number, run in enumerate(document["runs"], 1):
@@ -117,19 +133,127 @@ def load_results(path: Path) -> dict:
     return document
 
 
+def _shown(value) -> str:
+    return json.dumps(value)[:40]
+
+
+_MEASURE = f"null or a number in 0..{MAX_MEASURE:g}"
+
+
+# Checks of one field: None when the value fits, else what the field must hold.
+def _whole(low: int, high: int | None = None):
+    expected = f"an integer >= {low}" if high is None else f"an integer in {low}..{high}"
+
+    def check(value) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return expected
+        return None if low <= value and (high is None or value <= high) else expected
+    return check
+
+
+def _measure(value) -> str | None:
+    fits = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and math.isfinite(value) and 0 <= value <= MAX_MEASURE)
+    return None if fits else _MEASURE
+
+
+def _flag(value) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
+def _measures(*keys: str):
+    def check(value) -> str | None:
+        fits = isinstance(value, dict) and all(key in value and _measure(value[key]) is None for key in keys)
+        return None if fits else f"an object whose {', '.join(keys)} are each {_MEASURE}"
+    return check
+
+
+def _problem(where: str, value, check) -> str | None:
+    expected = check(value)
+    return f"{where} is {_shown(value)}, not {expected}" if expected else None
+
+
+_STATS = ("mean", "p50", "p99")
+# Every field of a cell that a reader uses, and its check.
+CELL_FIELDS = {
+    "context": _whole(1),
+    "concurrency": _whole(1, MAX_CONCURRENCY),
+    "requests": _whole(0, MAX_REQUESTS),
+    "ok": _whole(0, MAX_REQUESTS),
+    "errors": _whole(0, MAX_REQUESTS),
+    "has_errors": _flag,
+    "interrupted": _flag,
+    "output_tok_s": _measure,
+    "request_tok_s": _measures("mean", "p50"),
+    "ttft_ms": _measures(*_STATS),
+    "itl_ms": _measures(*_STATS),
+    "tpot_ms": _measures(*_STATS),
+    "accept_length": _measure,
+    "server_avg_spec_accept_length": _measure,
+}
+
+
+def _string(value) -> str | None:
+    return None if isinstance(value, str) else "a string"
+
+
+def _optional_string(value) -> str | None:
+    return None if value is None or isinstance(value, str) else "a string or null"
+
+
 def _run_problem(run) -> str | None:
-    """What keeps `run` from being read as a run (the keys every reader relies on), or None."""
+    """What keeps `run` from being read as a run (the fields every reader relies on), or None."""
     if not isinstance(run, dict):
         return "is not an object"
     missing = [key for key in RUN_KEYS if key not in run]
     if missing:
         return f"lacks {', '.join(missing)}"
+    for key in ("run_id", "label", "status", "started_at"):
+        if problem := _problem(key, run[key], _string):
+            return problem
+    if problem := _problem("git_sha", run.get("git_sha"), _optional_string):
+        return problem
     if not isinstance(run["cells"], list) or not all(isinstance(c, dict) for c in run["cells"]):
         return "has cells that are not a list of objects"
-    for cell in run["cells"]:
-        missing = [key for key in CELL_KEYS if key not in cell]
+    for number, cell in enumerate(run["cells"], 1):
+        missing = [key for key in CELL_FIELDS if key not in cell]
         if missing:
             return f"has a cell that lacks {', '.join(missing)}"
+        for key, check in CELL_FIELDS.items():
+            if problem := _problem(f"cell {number} {key}", cell[key], check):
+                return problem
+    return _eval_problem(run.get("coding_eval"))
+
+
+def _task_results(value) -> str | None:
+    fits = isinstance(value, list) and all(
+        isinstance(t, dict) and isinstance(t.get("task"), str) and isinstance(t.get("passed"), bool)
+        and isinstance(t.get("reason"), str) for t in value)
+    return None if fits else "a list of {task, passed, reason}"
+
+
+# Every field of a coding_eval endpoint that the report uses, and its check.
+ENDPOINT_FIELDS = {"passed": _whole(0), "total": _whole(0), "output_tok_s": _measure,
+                   "accept_length": _measure, "results": _task_results}
+
+
+def _eval_problem(evaluation) -> str | None:
+    """What keeps a run's coding_eval from being reported, or None."""
+    if evaluation is None:
+        return None
+    if not isinstance(evaluation, dict) or not isinstance(evaluation.get("endpoints"), dict):
+        return "has a coding_eval that is not an object with an endpoints object"
+    if problem := _problem("coding_eval.sandbox", evaluation.get("sandbox"), _optional_string):
+        return problem
+    for endpoint, result in evaluation["endpoints"].items():
+        if not isinstance(result, dict):
+            return f"coding_eval endpoint {endpoint} is not an object"
+        missing = [key for key in ENDPOINT_FIELDS if key not in result]
+        if missing:
+            return f"has a coding_eval endpoint {endpoint} that lacks {', '.join(missing)}"
+        for key, check in ENDPOINT_FIELDS.items():
+            if problem := _problem(f"coding_eval endpoint {endpoint} {key}", result[key], check):
+                return problem
     return None
 
 
@@ -137,14 +261,27 @@ def write_json_atomic(path: Path, document: dict) -> None:
     atomic.write_text(path, json.dumps(document, indent=1) + "\n")
 
 
+def write_target(path: Path) -> Path:
+    """The file a write to `path` must replace: through symlinks, to the file they name.
+
+    The results file is read through a link (appending reads the target's runs), so it is written
+    there too; an atomic replace of the link itself would turn the link into a copy and leave the
+    file it names without the new run.
+    """
+    target = Path(os.path.realpath(path))
+    if target.is_symlink():  # realpath stops at a link it cannot follow: a loop
+        raise UserError(f"--out {path} is a symlink loop")
+    return target
+
+
 class RunWriter:
     """Holds one run and rewrites it into the results file on every save()."""
 
     def __init__(self, path: Path, run: dict):
-        self.path = path
+        self.path = write_target(path)
         self.run = run
         if path.exists():
-            load_results(path)
+            load_results(path)  # read through the name given, so a refusal names it
 
     def save(self) -> None:
         document = load_results(self.path) if self.path.exists() else {"schema": SCHEMA, "runs": []}

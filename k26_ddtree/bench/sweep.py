@@ -28,9 +28,13 @@ class SweepPlan:
         except (KeyError, IndexError, ValueError) as err:
             raise UserError(f"--reconfigure-cmd: bad template ({err}); use {{python}}, {{budget}}, {{topk}}") from None
         try:
-            return shlex.split(text)
+            argv = shlex.split(text)
         except ValueError as err:
             raise UserError(f"--reconfigure-cmd: cannot split {text!r} into words ({err})") from None
+        if not argv:
+            raise UserError("--reconfigure-cmd is empty: give the command that sets the server to {budget} and "
+                            "{topk}, or leave the flag out for k26-deploy reconfigure")
+        return argv
 
 
 def _stderr_fd() -> int | None:
@@ -96,9 +100,11 @@ def run_sweep(plan: SweepPlan, base: RunOptions) -> int:
     if failed:
         summary += "\nFailed configurations:\n\n" + "".join(f"- {line}\n" for line in failed)
     summary_path = base.out.with_suffix(".sweep.md")
-    atomic.write_text(summary_path, summary)
     print(summary)
     added = len(_recorded_run_ids(base.out) - recorded_before)
-    results = f"{added} run(s) recorded in {base.out}" if added else f"no run recorded, nothing written to {base.out}"
-    print(f"sweep: {results}; summary in {summary_path}", file=sys.stderr)
+    if added:
+        atomic.write_text(summary_path, summary)
+        print(f"sweep: {added} run(s) recorded in {base.out}; summary in {summary_path}", file=sys.stderr)
+    else:  # a summary file beside no results would read as a sweep that happened
+        print(f"sweep: no run recorded, nothing written (neither {base.out} nor {summary_path})", file=sys.stderr)
     return 0 if not failed and all(not c["has_errors"] for r in runs for c in r["cells"]) else 1

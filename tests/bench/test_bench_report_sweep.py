@@ -79,14 +79,19 @@ def test_sweep_runs_reconfigure_per_config_and_picks_winners(standin, tmp_path, 
 
 def test_a_sweep_where_no_config_finished_says_nothing_was_written(tmp_path, capsys):
     out = tmp_path / "sw.json"
+    summary = out.with_suffix(".sweep.md")
     code = main(["bench", "sweep", "--budget", "4,8", "--topk", "4", "--reconfigure-cmd", "{python} -c 'exit(3)'",
                  "--url", "http://127.0.0.1:9", "--out", str(out), "--contexts", "16", "--concurrency", "1",
                  "--quiet"])
-    err = capsys.readouterr().err
-    assert code == 1 and not out.exists()
-    assert f"sweep: no run recorded, nothing written to {out}; summary in {out.with_suffix('.sweep.md')}" in err
-    assert "results in" not in err
-    assert "budget 8 topk 4: reconfigure exited 3" in out.with_suffix(".sweep.md").read_text()
+    captured = capsys.readouterr()
+    assert code == 1 and not out.exists() and not summary.exists()
+    assert captured.err.endswith(f"sweep: no run recorded, nothing written (neither {out} nor {summary})\n")
+    assert "results in" not in captured.err
+    assert "budget 8 topk 4: reconfigure exited 3" in captured.out, "the failures are still shown"
+    summary.write_text("an earlier sweep's summary\n")
+    assert main(["bench", "sweep", "--budget", "8", "--topk", "4", "--reconfigure-cmd", "false",
+                 "--url", "http://127.0.0.1:9", "--out", str(out), "--quiet"]) == 1
+    assert summary.read_text() == "an earlier sweep's summary\n"
 
 
 def test_sweep_default_command_uses_this_interpreter():
