@@ -570,7 +570,7 @@ class MatrixRun:
         first = set(self.spec.get("first_wave", []))
         now = [s for s in to_launch if not self.waits_for_reference(s)]
         wave1 = [s for s in now if s.spec.name in first]
-        self.record_state(set())
+        self.record_state()
         self.launch_and_wait(wave1)
         # The first sampling request of a process compiles flashinfer's sampling kernels
         # (about 100 s): the first wave pays it once, into the shared cache, while the rest start.
@@ -596,11 +596,13 @@ class MatrixRun:
         server.pid = None
         return False
 
-    def record_state(self, keep: set[str]) -> None:
-        """WORK/servers.json: every live server of this run (kept or not) and what earlier runs
-        kept, so that a later run reuses the kept ones and stops the rest, even when this run is
-        killed before its end."""
-        mine = {s.spec.name: {"port": s.port, "pid": s.pid, "launched_at": s.launched_at, "keep": s.spec.name in keep}
+    def record_state(self, keep: set[str] | None = None) -> None:
+        """WORK/servers.json: every live server of this run and what earlier runs kept, so that a
+        later run reuses the kept ones and stops the rest, even when this run is killed before its
+        end. keep: the servers kept at the end; None while the run goes on, when a server reused
+        from a keeping run stays kept and one launched by this run is not yet."""
+        mine = {s.spec.name: {"port": s.port, "pid": s.pid, "launched_at": s.launched_at,
+                              "keep": s.reused if keep is None else s.spec.name in keep}
                 for s in self.servers if s.pid is not None and s.alive()}
         tmp = self.state.with_suffix(".partial")
         tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "servers": {**self.previous, **mine}}, indent=1) + "\n")
@@ -641,7 +643,7 @@ class MatrixRun:
             return
         for server in wave:
             self.stagger.launch(server, self.args.python, self.args.models, self.settings, self.envs[server.spec.name])
-        self.record_state(set())
+        self.record_state()
         say(f"launched {', '.join(s.spec.name for s in wave)}")
         timeout = self.ready_timeout()
         in_parallel(lambda s=s: wait_ready(s, timeout) for s in wave)
