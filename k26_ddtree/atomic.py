@@ -67,3 +67,11 @@ def write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
 
 def write_text(path: Path, text: str, mode: int | None = None) -> None:
     write_bytes(path, text.encode("utf-8"), mode)
+
+
+def refresh_text(path: Path, text: str) -> str:
+    """Write a generated file only when its text changed; "PATH: rewritten" or "PATH: unchanged"."""
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return f"{path}: unchanged"
+    write_text(path, text)
+    return f"{path}: rewritten"

@@ -53,13 +53,7 @@ def _value(value) -> str:
 
 
 def main() -> int:
-    path = profiles_dir() / "base.yaml"
-    text = base_yaml()
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
-        print(f"{path}: unchanged")
-        return 0
-    atomic.write_text(path, text)
-    print(f"{path}: rewritten")
+    print(atomic.refresh_text(profiles_dir() / "base.yaml", base_yaml()))
     return 0
 
 

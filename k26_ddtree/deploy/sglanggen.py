@@ -123,11 +123,7 @@ def main(argv: list[str]) -> int:
     except UserError as err:
         print(f"sglanggen: error: {err}", file=sys.stderr)
         return 2
-    if TARGET.is_file() and TARGET.read_text(encoding="utf-8") == text:
-        print(f"{TARGET}: unchanged")
-        return 0
-    atomic.write_text(TARGET, text)
-    print(f"{TARGET}: rewritten")
+    print(atomic.refresh_text(TARGET, text))
     return 0
 
 
