@@ -104,6 +104,12 @@ class DraftHead:
         )
         return torch.cat([logits, added], dim=1), ids
 
+    def topk_per_depth(self, hidden: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """topk_logprobs of the draft block's hidden states [B, D, H]: ([B, D, K], [B, D, K])."""
+        batch, depth, hidden_size = hidden.shape
+        tokens, logprobs = self.topk_logprobs(hidden.reshape(-1, hidden_size), topk)
+        return tokens.view(batch, depth, topk), logprobs.view(batch, depth, topk)
+
     def topk_logprobs(self, hidden: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(token ids [M, K] long, log-probs [M, K] float32, descending along K) for hidden [M, H],
         over the whole vocabulary. One rank: a fixed sequence of ops (CUDA-graph capturable)."""
@@ -224,21 +230,15 @@ class DDTreeDrafter:
             return self._traced_draft(verified_id, hidden, batch)
         if self.graphs.owns_topk:
             return self.graphs.draft_from_hidden(verified_id, hidden, batch.seq_lens)
-        return self._tree(verified_id, *self._topk(hidden, self.config.topk), batch)
+        return self._tree(verified_id, *self.head.topk_per_depth(hidden, self.config.topk), batch)
 
     def _traced_draft(self, verified_id: torch.Tensor, hidden: torch.Tensor, batch: ScheduleBatch) -> StepTree:
-        tokens, logprobs = self._topk(hidden, self.trace_topk)
+        tokens, logprobs = self.head.topk_per_depth(hidden, self.trace_topk)
         traced = None if self.trace is None else StepDraft.of(self.trace, verified_id, tokens, logprobs)
         topk = self.config.topk
         step = self._tree(verified_id, tokens[..., :topk], logprobs[..., :topk], batch)
         step.trace = traced
         return step
-
-    def _topk(self, hidden: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tokens, log-probs) [B, D, topk] of hidden [B, D, H]."""
-        batch_size, depth, hidden_size = hidden.shape
-        tokens, logprobs = self.head.topk_logprobs(hidden.reshape(-1, hidden_size), topk)
-        return tokens.view(batch_size, depth, topk), logprobs.view(batch_size, depth, topk)
 
     def _tree(self, verified_id: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor,
               batch: ScheduleBatch) -> StepTree:

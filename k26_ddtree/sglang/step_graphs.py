@@ -75,13 +75,23 @@ class StepTree:
         """The eager StepTree of any tree (hand-made ones included); prefix_lens [B]."""
         return cls(tree, tree_attention_mask(tree), tree_positions(tree, prefix_lens), compile_ddtree_retrieve(tree))
 
+    def first(self, rows: int, graphs: _BucketGraphs | None = None) -> StepTree:
+        """This step's first `rows` requests (views): a padded bucket's real rows."""
+        t = self.tree
+        tree = DDTree(t.tokens[:rows], t.parents[:rows], t.depths[:rows], t.node_logws[:rows], t.max_depth, t.best_first)
+        return StepTree(tree, self.ancestor[:rows], self.positions[:rows], tuple(r[:rows] for r in self.retrieve), graphs)
+
     def accept_greedy(self, logits: torch.Tensor) -> PackedAcceptance:
         """The greedy walk on this tree; logits [B * N, V] are the target's after every node.
         From a graph the rows are a static buffer, valid until the next step."""
         if self.graphs is None:
-            target_next = torch.argmax(logits, dim=-1).view(self.tree.tokens.shape)
-            return PackedAcceptance.pack(self.tree, verify_greedy(self.tree, target_next))
+            return greedy_acceptance(self.tree, torch.argmax(logits, dim=-1).view(self.tree.tokens.shape))
         return self.graphs.replay_accept(logits)
+
+
+def greedy_acceptance(tree: DDTree, target_next: torch.Tensor) -> PackedAcceptance:
+    """The packed greedy walk; target_next [B, N] long, the target's argmax after every node."""
+    return PackedAcceptance.pack(tree, verify_greedy(tree, target_next))
 
 
 def tree_step(config: DDTreeConfig, root: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor,
@@ -94,12 +104,27 @@ def tree_step(config: DDTreeConfig, root: torch.Tensor, top_tokens: torch.Tensor
 
 def hidden_step(config: DDTreeConfig, head, root: torch.Tensor, hidden: torch.Tensor,
                 prefix_lens: torch.Tensor) -> StepTree:
-    """The draft piece from the draft hidden states [B, D, H] on one rank: head.topk_logprobs
+    """The draft piece from the draft hidden states [B, D, H] on one rank: head.topk_per_depth
     (draft.DraftHead: lm_head, top-K, log-sum-exp) then tree_step."""
-    batch, depth, hidden_size = hidden.shape
-    tokens, logprobs = head.topk_logprobs(hidden.reshape(-1, hidden_size), config.topk)
-    shape = (batch, depth, config.topk)
-    return tree_step(config, root, tokens.view(shape), logprobs.view(shape), prefix_lens)
+    return tree_step(config, root, *head.topk_per_depth(hidden, config.topk), prefix_lens)
+
+
+def placeholder_inputs(config: DDTreeConfig, rows: int, head, device: torch.device) -> dict[str, torch.Tensor]:
+    """The draft piece's inputs past the roots and prefix lengths (hidden states with a one-rank
+    head, else the merged top-K), holding a valid step (log-probs descending, <= 0; any hidden)."""
+    depth, topk = config.block_size - 1, config.topk
+    if head is not None:
+        return {"hidden": torch.zeros(rows, depth, head.weight.shape[1], dtype=head.weight.dtype, device=device)}
+    logprobs = -torch.arange(topk, dtype=torch.float32, device=device).expand(rows, depth, topk).clone()
+    return {"top_tokens": torch.zeros(rows, depth, topk, dtype=torch.long, device=device), "top_logprobs": logprobs}
+
+
+def draft_piece(config: DDTreeConfig, head, root: torch.Tensor, inputs: dict[str, torch.Tensor],
+                prefix_lens: torch.Tensor) -> StepTree:
+    """hidden_step or tree_step, whichever `inputs` (placeholder_inputs' keys) are for."""
+    if head is not None:
+        return hidden_step(config, head, root, inputs["hidden"], prefix_lens)
+    return tree_step(config, root, inputs["top_tokens"], inputs["top_logprobs"], prefix_lens)
 
 
 def _copy_rows(name: str, static: torch.Tensor, got: torch.Tensor) -> None:
@@ -116,32 +141,20 @@ class _BucketGraphs:
     """The draft and verify graphs of one batch-size bucket, with their static buffers."""
 
     def __init__(self, config: DDTreeConfig, bucket: int, head, device: torch.device, pool):
-        depth, topk, n = config.block_size - 1, config.topk, config.budget + 1
         self.root = torch.zeros(bucket, dtype=torch.long, device=device)
         self.prefix_lens = torch.zeros(bucket, dtype=torch.long, device=device)
-        # A valid step (log-probs descending, <= 0; any hidden) until real rows are copied in.
-        if head is None:
-            self.top_tokens = torch.zeros(bucket, depth, topk, dtype=torch.long, device=device)
-            self.top_logprobs = -torch.arange(topk, dtype=torch.float32, device=device).expand(bucket, depth, topk).clone()
-            self.inputs = {"top_tokens": self.top_tokens, "top_logprobs": self.top_logprobs}
+        self.inputs = placeholder_inputs(config, bucket, head, device)
+        self.target_next = torch.zeros(bucket, config.budget + 1, dtype=torch.long, device=device)
 
-            def build() -> StepTree:
-                return tree_step(config, self.root, self.top_tokens, self.top_logprobs, self.prefix_lens)
-        else:
-            self.hidden = torch.zeros(bucket, depth, head.weight.shape[1], dtype=head.weight.dtype, device=device)
-            self.inputs = {"hidden": self.hidden}
-
-            def build() -> StepTree:
-                return hidden_step(config, head, self.root, self.hidden, self.prefix_lens)
-        self.target_next = torch.zeros(bucket, n, dtype=torch.long, device=device)
+        def build() -> StepTree:
+            return draft_piece(config, head, self.root, self.inputs, self.prefix_lens)
 
         # Warm-up on a side stream, as capture requires; it also makes build_ddtree's
         # per-shape device constants and compiles the kernels, which must happen before capture.
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            warm = build()
-            PackedAcceptance.pack(warm.tree, verify_greedy(warm.tree, self.target_next))
+            greedy_acceptance(build().tree, self.target_next)
         torch.cuda.current_stream(device).wait_stream(side)
 
         # thread_local: the worker's process has other threads; a CUDA call from one of
@@ -151,7 +164,7 @@ class _BucketGraphs:
             self.step = build()
         self.verify_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.verify_graph, pool=pool, capture_error_mode="thread_local"):
-            self.packed = PackedAcceptance.pack(self.step.tree, verify_greedy(self.step.tree, self.target_next)).rows
+            self.packed = greedy_acceptance(self.step.tree, self.target_next).rows
         self.rows = 0  # requests of the step replayed last
 
     def replay_draft(self, root: torch.Tensor, prefix_lens: torch.Tensor, **inputs: torch.Tensor) -> StepTree:
@@ -162,10 +175,7 @@ class _BucketGraphs:
         self.prefix_lens[:batch].copy_(prefix_lens)
         self.draft_graph.replay()
         self.rows = batch
-        s, t = self.step, self.step.tree
-        tree = DDTree(t.tokens[:batch], t.parents[:batch], t.depths[:batch], t.node_logws[:batch], t.max_depth, True)
-        retrieve = tuple(r[:batch] for r in s.retrieve)
-        return StepTree(tree, s.ancestor[:batch], s.positions[:batch], retrieve, self)
+        return self.step.first(batch, self)
 
     def replay_accept(self, logits: torch.Tensor) -> PackedAcceptance:
         """The greedy walk on the trees of the last draft replay; logits [rows * N, V]."""
@@ -238,16 +248,10 @@ class StepGraphs:
 
             verify_kernels.warm_up(self.config.budget + 1, self.config.block_size - 1, self.max_batch, self.device)
         if not self.buckets and self.device.type != "cpu":
-            depth, topk, n = self.config.block_size - 1, self.config.topk, self.config.budget + 1
             root = torch.zeros(1, dtype=torch.long, device=self.device)
-            if self.head is None:
-                tokens = torch.zeros(1, depth, topk, dtype=torch.long, device=self.device)
-                logprobs = -torch.arange(topk, dtype=torch.float32, device=self.device).expand(1, depth, topk)
-                step = tree_step(self.config, root, tokens, logprobs, root)
-            else:
-                hidden = torch.zeros(1, depth, self.head.weight.shape[1], dtype=self.head.weight.dtype, device=self.device)
-                step = hidden_step(self.config, self.head, root, hidden, root)
-            step.accept_greedy(torch.zeros(n, 2, device=self.device))
+            inputs = placeholder_inputs(self.config, 1, self.head, self.device)
+            step = draft_piece(self.config, self.head, root, inputs, root)
+            step.accept_greedy(torch.zeros(self.config.budget + 1, 2, device=self.device))
 
     def draft(self, root: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor,
               prefix_lens: torch.Tensor) -> StepTree:

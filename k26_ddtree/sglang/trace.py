@@ -10,7 +10,7 @@ File layout (version 1), little-endian, append-only:
     b"K26DDTREE-TRACE 1\n"
     one line of JSON: {"depth": D, "topk": 8, "model": ..., "drafter": ..., "budget": ...,
                        "topk_served": ..., "spine": ..., "block_size": ..., "started": ISO time}
-    records of RECORD.size bytes each:
+    records of record_size(D) bytes each (_record_dtype, which writes and reads them):
         request   u64    hash of the request id (steps of one request share it)
         step      u32    the request's decode step, from 0
         root      i32    the step's root token (the last committed token)
@@ -36,12 +36,12 @@ import hashlib
 import json
 import logging
 import os
-import struct
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -51,13 +51,12 @@ TOPK = 8
 MB = 1 << 20
 # Records reach the file within this many seconds of their step.
 FLUSH_SECONDS = 2.0
-_HEAD = struct.Struct("<QIi")
 # More than any header line; check_appendable reads no further.
 _HEADER_PEEK = 1 << 16
 
 
 def record_size(depth: int) -> int:
-    return _HEAD.size + 4 * (2 * depth * TOPK + depth + 1)
+    return _record_dtype(depth).itemsize
 
 
 # Cached: a running request is hashed once, not every decode step (4096 ids: more than a server runs at once).
@@ -88,10 +87,8 @@ def header_bytes(meta: dict) -> bytes:
 
 
 @functools.lru_cache(maxsize=None)
-def _record_dtype(depth: int):
-    # numpy only where records are written (servers have it: sglang needs it); read() needs torch alone.
-    import numpy as np
-
+def _record_dtype(depth: int) -> np.dtype:
+    """One record's layout, the module docstring's, for writing and reading alike."""
     span = depth * TOPK
     return np.dtype([("request", "<u8"), ("step", "<u4"), ("root", "<i4"), ("tokens", "<i4", (span,)),
                      ("logprobs", "<f4", (span,)), ("committed", "<i4", (depth + 1,))])
@@ -103,8 +100,6 @@ def pack_records(request: list[int], step: list[int], root: list[int], tokens: t
 
     Filled column by column into one structured array rather than record by record: the server
     packs every step, and per record that cost ~4 µs (~240 µs a step at B = 64)."""
-    import numpy as np
-
     batch, depth, _ = tokens.shape
     width = depth + 1
     rows = np.empty(batch, dtype=_record_dtype(depth))
@@ -148,16 +143,16 @@ def read(path: Path) -> tuple[dict, Steps]:
     if len(body) % size:
         raise TraceError(f"{path} is truncated: {len(body) % size} bytes of a partial record at the end "
                          f"(after {len(body) // size} whole ones)")
-    count = len(body) // size
-    raw = torch.frombuffer(bytearray(body), dtype=torch.int32).view(count, size // 4)
-    head = raw[:, :4]
-    request = (head[:, 0].to(torch.int64) & 0xFFFFFFFF) | (head[:, 1].to(torch.int64) << 32)
-    span = depth * TOPK
-    tokens = raw[:, 4:4 + span].to(torch.int64).view(count, depth, TOPK)
-    logprobs = raw[:, 4 + span:4 + 2 * span].clone().view(torch.float32).view(count, depth, TOPK)
-    committed = raw[:, 4 + 2 * span:].to(torch.int64)
-    return meta, Steps(request, (head[:, 2].to(torch.int64) & 0xFFFFFFFF), head[:, 3].to(torch.int64),
-                       tokens, logprobs, committed)
+    rows = np.frombuffer(body, dtype=_record_dtype(depth))
+    shape = (len(rows), depth, TOPK)
+
+    def column(name: str, dtype) -> torch.Tensor:
+        return torch.from_numpy(rows[name].astype(dtype))  # astype copies out of the read-only buffer
+
+    # A u64 key wraps to the int64 of the same bits, as one key of a request.
+    return meta, Steps(column("request", np.int64), column("step", np.int64), column("root", np.int64),
+                       column("tokens", np.int64).view(shape), column("logprobs", np.float32).view(shape),
+                       column("committed", np.int64))
 
 
 def check_appendable(path: Path, depth: int) -> None:

@@ -36,10 +36,10 @@ from core_cases import draft_inputs, walk_target  # noqa: E402
 
 from k26_ddtree.core.retrieve import tree_attention_mask  # noqa: E402
 from k26_ddtree.core.tree import build_ddtree  # noqa: E402
-from k26_ddtree.core.verify import PackedAcceptance, verify_greedy  # noqa: E402
+
 from k26_ddtree.sglang.args import DDTreeConfig  # noqa: E402
 from k26_ddtree.sglang.draft import DraftHead  # noqa: E402
-from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, hidden_step, tree_step  # noqa: E402
+from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, greedy_acceptance, hidden_step, tree_step  # noqa: E402
 
 BUCKETS = (1, 2, 4, 8, 16)
 MAX_BS = BUCKETS[-1]
@@ -77,18 +77,12 @@ def same(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
     return all(g.shape == w.shape and torch.equal(g.cpu(), w.cpu()) for g, w in zip(got, want))
 
 
-def sliced(step: StepTree, batch: int) -> StepTree:
-    t = step.tree
-    tree = type(t)(t.tokens[:batch], t.parents[:batch], t.depths[:batch], t.node_logws[:batch], t.max_depth, True)
-    return StepTree(tree, step.ancestor[:batch], step.positions[:batch], tuple(r[:batch] for r in step.retrieve))
-
-
 def logits_of(target_next: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(target_next, VOCAB).float().view(-1, VOCAB)
 
 
 def greedy(tree, target_next) -> torch.Tensor:
-    return PackedAcceptance.pack(tree, verify_greedy(tree, target_next)).rows
+    return greedy_acceptance(tree, target_next).rows
 
 
 def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> list[str]:
@@ -118,7 +112,7 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
             # Same GEMM shape as the replay (the bucket), so the bf16 logits round the same way.
             rows = bucket or batch
             pad = lambda t: torch.cat([t, t.new_zeros((rows - batch, *t.shape[1:]))])  # noqa: E731
-            eager = sliced(hidden_step(config, head, pad(root.cuda()), pad(hidden), pad(prefix_lens.cuda())), batch)
+            eager = hidden_step(config, head, pad(root.cuda()), pad(hidden), pad(prefix_lens.cuda())).first(batch)
             cpu = None
         else:
             eager = tree_step(config, root.cuda(), tokens.cuda(), logprobs.cuda(), prefix_lens.cuda())
@@ -171,7 +165,7 @@ def check_verify_kernels() -> list[str]:
         masks = [verify_custom_mask(ancestor, prefix.cuda(), prefix, fused=f) for f in (True, False)]
         if not torch.equal(*masks):
             failures.append(f"B={batch} budget={budget}: custom mask kernel != torch ops")
-        acceptance = PackedAcceptance.pack(tree, verify_greedy(tree, walk_target(gen, tree, vocab=VOCAB).cuda()))
+        acceptance = greedy_acceptance(tree, walk_target(gen, tree, vocab=VOCAB).cuda())
         lens = (torch.rand(batch, generator=gen) * (acceptance.rows[:, -1].cpu() + 1).float()).long() + 1
         slots = torch.randperm(4 * batch * n, generator=gen)[: batch * n].view(batch, n).cuda()
         pool = torch.randperm(batch + 2, generator=gen)[:batch].cuda()
