@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from k26_ddtree.gpu import corpus, tinymodel, tokenizer
-from k26_ddtree.gpu.acceptance import CHAIN, DraftTopK, TreeShape, acceptance_table, rank_histogram
+from k26_ddtree.core.acceptance import DraftTopK, TreeShape
+from k26_ddtree.gpu.acceptance import CHAIN, acceptance_table, rank_histogram
 
 GAP_GOAL = 3.0
 # Linear DFlash acceptance the imperfect drafter stops at, inside the band where K2.5/K2.6

@@ -17,17 +17,13 @@ from typing import Callable
 
 import torch
 
+from k26_ddtree.core.acceptance import DraftTopK, TreeShape, committed_per_root
 from k26_ddtree.core.budget import codes_fit, max_budget
-from k26_ddtree.core.tree import build_ddtree
-from k26_ddtree.core.verify import verify_along
 from k26_ddtree.errors import UserError
-from k26_ddtree.gpu.acceptance import TreeShape
 from k26_ddtree.sglang.trace import TOPK, Steps
 
 BUDGETS = range(1, 65)
 TOPKS = range(1, TOPK + 1)
-# Steps per tree build: bounds the [steps, nodes, nodes] parent match to ~20 MB at budget 64.
-CHUNK_STEPS = 4096
 
 
 @dataclass(frozen=True)
@@ -103,13 +99,7 @@ def check_drafts(rep: Replay, where: str) -> None:
 
 def committed_per_step(rep: Replay, shape: TreeShape) -> torch.Tensor:
     """[S] tokens each traced step would have committed under `shape` (accepted drafts + bonus)."""
-    out = []
-    for lo in range(0, rep.steps, CHUNK_STEPS):
-        part = slice(lo, lo + CHUNK_STEPS)
-        tree = build_ddtree(rep.roots[part], rep.tokens[part, :, :shape.topk], rep.logprobs[part, :, :shape.topk],
-                            shape.budget, spine=shape.spine, validate=False, fused=False)
-        out.append(verify_along(tree, rep.truth[part]).accept_len + 1)
-    return torch.cat(out)
+    return committed_per_root(DraftTopK(rep.tokens, rep.logprobs, rep.truth, rep.roots), shape)
 
 
 def acceptance(rep: Replay, shapes: list[TreeShape],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from k26_ddtree.bench.plots import color, plt, save_png
-from k26_ddtree.gpu.acceptance import TreeShape
+from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.estimate import TOPKS, chain
 from k26_ddtree.tune.predict import Config, Plan
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from k26_ddtree.gpu.acceptance import TreeShape
+from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.costs import Costs
 from k26_ddtree.tune.estimate import chain
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from k26_ddtree import __version__
 from k26_ddtree.bench.results import git_sha, utc_now
-from k26_ddtree.gpu.acceptance import TreeShape
+from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.costs import Costs
 from k26_ddtree.tune.estimate import Replay, chain
 from k26_ddtree.tune.predict import Config, Plan, Prediction, shares

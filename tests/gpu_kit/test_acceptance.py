@@ -7,7 +7,8 @@ import torch
 
 from k26_ddtree.core.tree import build_ddtree
 from k26_ddtree.core.verify import verify_along, verify_greedy
-from k26_ddtree.gpu.acceptance import CHAIN, DraftTopK, TreeShape, acceptance_table, committed_per_root, rank_histogram, walk_acceptance
+from k26_ddtree.core.acceptance import DraftTopK, TreeShape, committed_per_root
+from k26_ddtree.gpu.acceptance import CHAIN, acceptance_table, rank_histogram, walk_acceptance
 
 D, K = 3, 2
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tune_fixtures import MODEL, bench_run, header, random_table, sweep_runs, walk_records, write_results, write_trace
 
-from k26_ddtree.gpu.acceptance import TreeShape
+from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.sglang import trace
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,8 @@ import torch
 from tune_fixtures import header, random_table, walk_records, write_trace
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.gpu.acceptance import TreeShape, acceptance_table, committed_per_root
+from k26_ddtree.core.acceptance import TreeShape, committed_per_root
+from k26_ddtree.gpu.acceptance import acceptance_table
 from k26_ddtree.sglang import trace
 from k26_ddtree.tune.estimate import acceptance, all_shapes, chain, check_drafts, committed_per_step, replay
 

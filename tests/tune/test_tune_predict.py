@@ -7,7 +7,7 @@ import math
 import pytest
 from tune_fixtures import bench_run, sweep_runs, write_results
 
-from k26_ddtree.gpu.acceptance import TreeShape
+from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.costs import load_costs
 from k26_ddtree.tune.estimate import all_shapes, chain
 from k26_ddtree.tune.predict import Config, Plan, Prediction, choose, plan

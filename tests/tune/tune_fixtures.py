@@ -11,7 +11,7 @@ from k26_ddtree.bench.client import GenerateRecord
 from k26_ddtree.bench.metrics import summarize_cell
 from k26_ddtree.bench.results import (SCHEMA, algorithm_of, load_results, new_run_id, run_label, utc_now,
                                      write_json_atomic)
-from k26_ddtree.gpu.acceptance import DraftTopK, TreeShape, committed_per_root
+from k26_ddtree.core.acceptance import DraftTopK, TreeShape, committed_per_root
 from k26_ddtree.sglang import trace
 
 MODEL = "/models/Kimi-K2.6"
