@@ -30,7 +30,7 @@ def _all_keys(runs: list[dict]) -> list[tuple[int, int]]:
     return sorted({key for run in runs for key in _cell_map(run)})
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
@@ -70,7 +70,7 @@ def winners_markdown(runs: list[dict]) -> str:
             row.append(f"{max(candidates)[1]} ({max(candidates)[0]:.1f})" if candidates else "-")
         rows.append(row)
     header = ["C", "best overall (mean tok/s)"] + [f"ctx {ctx}" for ctx in contexts]
-    return "## Best config per concurrency (output tok/s)\n\n" + _table(header, rows)
+    return "## Best config per concurrency (output tok/s)\n\n" + markdown_table(header, rows)
 
 
 def _runs_section(runs: list[dict], names: list[str]) -> str:
@@ -90,7 +90,7 @@ def _runs_section(runs: list[dict], names: list[str]) -> str:
         for name, r in zip(names, runs)
     ]
     header = ["run", "status", "started (UTC)", "profile", "algorithm", "budget", "topk", "model", "git", "snapshot"]
-    return "## Runs\n\n" + _table(header, rows)
+    return "## Runs\n\n" + markdown_table(header, rows)
 
 
 def _side_by_side(runs: list[dict], names: list[str]) -> str:
@@ -109,7 +109,7 @@ def _side_by_side(runs: list[dict], names: list[str]) -> str:
             row.append(text)
         rows.append(row)
     note = f"Ratios are against {names[0]}; `!` marks a cell with failed requests.\n\n" if len(runs) > 1 else ""
-    return "## Output tok/s side by side\n\n" + note + _table(["ctx", "C"] + names, rows)
+    return "## Output tok/s side by side\n\n" + note + markdown_table(["ctx", "C"] + names, rows)
 
 
 def _run_detail(run: dict, name: str) -> str:
@@ -137,7 +137,7 @@ def _run_detail(run: dict, name: str) -> str:
     text = f"### {name}\n\n"
     if run.get("failure"):
         text += f"Run failed: {run['failure']}\n\n"
-    return text + (_table(header, rows) if rows else "No matrix cells.\n")
+    return text + (markdown_table(header, rows) if rows else "No matrix cells.\n")
 
 
 def _eval_section(runs: list[dict], names: list[str]) -> str:
@@ -154,7 +154,7 @@ def _eval_section(runs: list[dict], names: list[str]) -> str:
     rows.append(["tok/s during eval"] + [_fmt(s["output_tok_s"]) for _, _, s in columns])
     rows.append(["accept length"] + [_fmt(s.get("accept_length"), 2) for _, _, s in columns])
     sandbox = sorted({(r.get("coding_eval") or {}).get("sandbox") for r in runs} - {None})
-    text = "## Coding eval (pass@1)\n\n" + _table(["task"] + [title for title, _, _ in columns], rows)
+    text = "## Coding eval (pass@1)\n\n" + markdown_table(["task"] + [title for title, _, _ in columns], rows)
     failures = [
         f"- {title} / {task}: {result['reason']}"
         for title, results, _ in columns

@@ -213,6 +213,9 @@ def _run_problem(run) -> str | None:
             return problem
     if problem := _problem("git_sha", run.get("git_sha"), _optional_string):
         return problem
+    for key in ("budget", "topk"):
+        if run.get(key) is not None and (problem := _problem(key, run[key], _whole(1))):
+            return problem
     if not isinstance(run["cells"], list) or not all(isinstance(c, dict) for c in run["cells"]):
         return "has cells that are not a list of objects"
     for number, cell in enumerate(run["cells"], 1):

@@ -88,19 +88,9 @@ class Costs:
         return points[low] + share * (points[high] - points[low])
 
 
-def _number(value, what: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{what} is {value!r}, not a number: not written by k26-deploy bench")
-    return float(value)
-
-
 def _kind(run: dict, where: str) -> str | None:
     algorithm = str(run.get("algorithm") or "").upper()
     budget = run.get("budget")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise UserError(f"{where}: budget {budget!r} is not a positive integer")
     if algorithm == AR:
         return AR
     if algorithm in (TREE, CHAIN) and budget is not None:
@@ -109,12 +99,13 @@ def _kind(run: dict, where: str) -> str | None:
 
 
 def _cell_step_s(cell: dict, kind: str, where: str) -> float | None:
-    """Seconds per batch step of one cell, or None when the cell cannot say (failed requests, cut short)."""
-    rate = _number(cell["output_tok_s"], f"{where} output_tok_s")
-    accept = 1.0 if kind == AR else _number(cell["accept_length"], f"{where} accept_length")
-    if cell["has_errors"] or cell.get("interrupted") or not rate or not accept:
+    """Seconds per batch step of one cell, or None when the cell cannot say (failed requests, cut short).
+    load_results has checked every field read here."""
+    rate = cell["output_tok_s"]
+    accept = 1.0 if kind == AR else cell["accept_length"]
+    if cell["has_errors"] or cell["interrupted"] or not rate or not accept:
         return None
-    return _number(cell["concurrency"], f"{where} concurrency") * accept / rate
+    return cell["concurrency"] * accept / rate
 
 
 def _info(run: dict) -> dict:
