@@ -201,6 +201,17 @@ def _optional_string(value) -> str | None:
     return None if value is None or isinstance(value, str) else "a string or null"
 
 
+def _fields_problem(record: dict, fields: dict, what: str, label: str) -> str | None:
+    """The first field of `fields` that `record` lacks or holds wrongly, or None."""
+    missing = [key for key in fields if key not in record]
+    if missing:
+        return f"has {what} that lacks {', '.join(missing)}"
+    for key, check in fields.items():
+        if problem := _problem(f"{label} {key}", record[key], check):
+            return problem
+    return None
+
+
 def _run_problem(run) -> str | None:
     """What keeps `run` from being read as a run (the fields every reader relies on), or None."""
     if not isinstance(run, dict):
@@ -219,12 +230,8 @@ def _run_problem(run) -> str | None:
     if not isinstance(run["cells"], list) or not all(isinstance(c, dict) for c in run["cells"]):
         return "has cells that are not a list of objects"
     for number, cell in enumerate(run["cells"], 1):
-        missing = [key for key in CELL_FIELDS if key not in cell]
-        if missing:
-            return f"has a cell that lacks {', '.join(missing)}"
-        for key, check in CELL_FIELDS.items():
-            if problem := _problem(f"cell {number} {key}", cell[key], check):
-                return problem
+        if problem := _fields_problem(cell, CELL_FIELDS, "a cell", f"cell {number}"):
+            return problem
     return _eval_problem(run.get("coding_eval"))
 
 
@@ -251,12 +258,9 @@ def _eval_problem(evaluation) -> str | None:
     for endpoint, result in evaluation["endpoints"].items():
         if not isinstance(result, dict):
             return f"coding_eval endpoint {endpoint} is not an object"
-        missing = [key for key in ENDPOINT_FIELDS if key not in result]
-        if missing:
-            return f"has a coding_eval endpoint {endpoint} that lacks {', '.join(missing)}"
-        for key, check in ENDPOINT_FIELDS.items():
-            if problem := _problem(f"coding_eval endpoint {endpoint} {key}", result[key], check):
-                return problem
+        if problem := _fields_problem(result, ENDPOINT_FIELDS, f"a coding_eval endpoint {endpoint}",
+                                      f"coding_eval endpoint {endpoint}"):
+            return problem
     return None
 
 
