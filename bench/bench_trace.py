@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench_tree import time_host, write_json  # noqa: E402
+from bench_tree import rows_table, time_host, write_json  # noqa: E402
 from k26_ddtree.sglang import trace  # noqa: E402
 
 DEPTH = 7
@@ -94,12 +94,6 @@ COLUMNS = [
 ]
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
@@ -113,7 +107,7 @@ def main(argv=None) -> int:
     print(f"\nDDTree server trace, host µs per decode step (whole batch), D={DEPTH}, top-{trace.TOPK}; "
           f"torch {torch.__version__}, CPU threads {torch.get_num_threads()}, "
           f"{platform.processor() or platform.machine()}; GPU cost not measured")
-    print(markdown_table(rows))
+    print(rows_table(rows, COLUMNS))
     if args.json:
         write_json(args.json, {"torch": torch.__version__, "cpu_threads": torch.get_num_threads(), "rows": rows})
     return 0

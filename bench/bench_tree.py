@@ -21,11 +21,8 @@ and >= 50x faster than the heap reference.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from k26_ddtree.bench.report import markdown_table  # noqa: E402
+from k26_ddtree.bench.results import write_json_atomic  # noqa: E402
 from k26_ddtree.core.reference import heap_ddtree  # noqa: E402
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve  # noqa: E402
 from k26_ddtree.core.tree import build_ddtree  # noqa: E402
@@ -176,21 +175,16 @@ COLUMNS = [
 ]
 
 
-def markdown_table(rows: list[dict]) -> str:
-    present = [c for c in COLUMNS if any(c[0] in r for r in rows)]
-    lines = ["| " + " | ".join(title for _, title, _ in present) + " |", "|" + "---|" * len(present)]
-    for r in rows:
-        cells = [fmt.format(r[key]) if key in r else "-" for key, _, fmt in present]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def rows_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """`columns` are (key, title, format); a column no row has is left out, a cell a row lacks is "-"."""
+    present = [c for c in columns if any(c[0] in r for r in rows)]
+    return markdown_table([title for _, title, _ in present],
+                          [[fmt.format(r[key]) if key in r else "-" for key, _, fmt in present] for r in rows])
 
 
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
+    write_json_atomic(path, payload)
 
 
 def main(argv=None) -> int:
@@ -225,7 +219,7 @@ def main(argv=None) -> int:
     print(f"\nDDTree build + retrieve encoding, D={DEPTH}, µs per step (whole batch); "
           f"torch {torch.__version__}, CPU threads {torch.get_num_threads()}, "
           f"{platform.processor() or platform.machine()}" + (f", GPU {device_name}" if device_name else ""))
-    print(markdown_table(rows))
+    print(rows_table(rows, COLUMNS))
     if args.json:
         write_json(args.json, {"torch": torch.__version__, "gpu": device_name,
                                "cpu_threads": torch.get_num_threads(), "rows": rows})

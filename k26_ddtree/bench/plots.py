@@ -33,6 +33,20 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
+def log2_axis(ax, ticks: list[int]) -> None:
+    """An x axis of powers of two (concurrency, budget) with exactly `ticks` labelled."""
+    if len(ticks) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(v) for v in ticks])
+
+
+def label_panel(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+
+
 def _legend(ax, drawn: bool) -> None:
     """The legend of a panel, or, where nothing could be drawn, a note saying so (a legend of
     nothing is a matplotlib warning, and a blank panel reads like a broken plot)."""
@@ -68,14 +82,8 @@ def throughput_plot(runs: list[dict], names: list[str], path: Path) -> Path:
             if bad:
                 ax.scatter([c["concurrency"] for c in bad], [c["output_tok_s"] for c in bad],
                            marker="x", s=90, color="red", zorder=5)
-        levels = sorted({c["concurrency"] for r in runs for c in r["cells"] if c["context"] == ctx})
-        if len(levels) > 1:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(v) for v in levels])
-        ax.set_title(f"context {ctx} tokens")
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel("output tok/s")
-        ax.grid(True, alpha=0.3)
+        log2_axis(ax, sorted({c["concurrency"] for r in runs for c in r["cells"] if c["context"] == ctx}))
+        label_panel(ax, f"context {ctx} tokens", "concurrency", "output tok/s")
         _legend(ax, drawn)
     for ax in list(axes.flat)[len(contexts):]:
         ax.set_visible(False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k26_ddtree.bench.plots import color, plt, save_png
+from k26_ddtree.bench.plots import color, label_panel, log2_axis, plt, save_png
 from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.estimate import TOPKS, chain
 from k26_ddtree.tune.predict import Config, Plan
@@ -31,14 +31,9 @@ def _throughput(ax, chosen: Plan, others: list[Plan], chain_config: Config, ar_t
     xs = [c for c in levels if c in ar_tok_s]
     if xs:
         ax.plot(xs, [ar_tok_s[c] for c in xs], linestyle="--", marker="x", color="gray", label="AR (measured)")
-    if len(levels) > 1:
-        ax.set_xscale("log", base=2)
+    log2_axis(ax, levels)
     ax.set_yscale("log")  # C=1 and C=64 differ by two orders of magnitude
-    ax.set_xticks(levels, [str(v) for v in levels])
-    ax.set_title(f"Predicted output tok/s per concurrency ({_spine(chosen)})")
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tok/s")
-    ax.grid(True, alpha=0.3)
+    label_panel(ax, f"Predicted output tok/s per concurrency ({_spine(chosen)})", "concurrency", "output tok/s")
     ax.legend(fontsize=8)
 
 
@@ -49,13 +44,9 @@ def _acceptance(ax, acceptance: dict[TreeShape, float], depth: int, spine: bool)
             ax.plot([s.budget for s in shapes], [acceptance[s] for s in shapes], label=f"topk {topk}",
                     color=color(index))
     ax.axhline(acceptance[chain(depth)], linestyle="--", color="gray", label=f"chain b{depth}k1")
-    ax.set_xscale("log", base=2)
-    ticks = [b for b in (1, 2, 4, 8, 16, 32, 64) if any(s.budget == b for s in acceptance)]
-    ax.set_xticks(ticks, [str(b) for b in ticks])
-    ax.set_title(f"Acceptance replayed from the trace (spine {'on' if spine else 'off'})")
-    ax.set_xlabel("budget (tree nodes)")
-    ax.set_ylabel("committed tokens per step")
-    ax.grid(True, alpha=0.3)
+    log2_axis(ax, [b for b in (1, 2, 4, 8, 16, 32, 64) if any(s.budget == b for s in acceptance)])
+    label_panel(ax, f"Acceptance replayed from the trace (spine {'on' if spine else 'off'})",
+                "budget (tree nodes)", "committed tokens per step")
     ax.legend(fontsize=8)
 
 

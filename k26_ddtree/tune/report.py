@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from k26_ddtree import __version__
+from k26_ddtree.bench.report import markdown_table
 from k26_ddtree.bench.results import git_sha, utc_now
 from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.costs import Costs
@@ -67,8 +68,7 @@ def table(o: Outcome, top: int) -> str:
             rate = o.costs.ar_tok_s.get(c)
             ar += ["-", "-"] if rate is None else [f"{1000 * c / rate:.1f}", f"{rate:.1f}"]
         lines.append(ar)
-    text = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(text + ["| " + " | ".join(cells) + " |" for cells in lines]) + "\n"
+    return markdown_table(header, lines)
 
 
 def _spine_line(o: Outcome) -> str:
