@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
 
+from k26_ddtree.processes import alive, descendants, pids
+
 
 _LISTEN = "0A"
 HTTP_TIMEOUT_SEC = 30
@@ -37,7 +39,7 @@ class Probe:
 
 def probe(pid: int, url: str, timeout: float = HTTP_TIMEOUT_SEC) -> Probe:
     """One look at whether `pid` (or a child) serves `url` and /health_generate says 200."""
-    if pid <= 0 or not _alive(pid):
+    if pid <= 0 or not alive(pid):
         return Probe("dead", f"main process {pid} is not running")
     port = urlsplit(url).port or 80
     inodes = listening_inodes(port)
@@ -129,7 +131,7 @@ def listening_inodes(port: int) -> set[int]:
 def socket_owners(inodes: set[int]) -> set[int]:
     targets = {f"socket:[{inode}]" for inode in inodes}
     owners = set()
-    for pid in _pids():
+    for pid in pids():
         fd_dir = f"/proc/{pid}/fd"
         try:
             names = os.listdir(fd_dir)
@@ -143,25 +145,6 @@ def socket_owners(inodes: set[int]) -> set[int]:
             except OSError:
                 continue
     return owners
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for child in _pids():
-        try:
-            stat = open(f"/proc/{child}/stat", encoding="ascii", errors="replace").read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses; fields resume after the last ')'.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(child)
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def process_uptime(pid: int) -> float | None:
@@ -201,21 +184,9 @@ def _auth(api_key: str | None) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _can_inspect(pid: int) -> bool:
     try:
         os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
     return True
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]

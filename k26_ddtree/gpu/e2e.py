@@ -41,8 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.gpu import lossless, matrix, profile, speed
+from k26_ddtree.processes import alive, descendants
 
 ORACLE_ENV = "K26_DDTREE_ORACLE"
 REQUEST_TIMEOUT_S = 300
@@ -82,7 +84,7 @@ class Server:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
-        return self.pid is not None and pid_alive(self.pid)
+        return self.pid is not None and alive(self.pid)
 
     def exit_code(self):
         return self.proc.returncode if self.proc is not None else "unknown"
@@ -111,25 +113,6 @@ def get_json(url: str, timeout: float = 30) -> dict | None:
 
 # --- processes -----------------------------------------------------------------------------------
 
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
 def launch(server: Server, python: str, models: Path, settings: dict, env: dict) -> None:
     cmd = [python] + matrix.server_command(server.spec, models, server.port, settings)
     server.log.parent.mkdir(parents=True, exist_ok=True)
@@ -143,14 +126,6 @@ def launch(server: Server, python: str, models: Path, settings: dict, env: dict)
     server.pid = server.proc.pid
     server.status = "starting"
     server.launched_at = time.time()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 def stop_group(pid: int, alive) -> None:
@@ -396,10 +371,8 @@ def overall(servers_out: list[dict], speed_cells: list[dict] = (), idle: set[str
 
 def write_outputs(out: Path, report: dict, logs: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "e2e.json.partial"
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(out / f"e2e-run{report['run']}.json")
-    (out / f"e2e-run{report['run']}.md").write_text(markdown(report))
+    atomic.write_text(out / f"e2e-run{report['run']}.json", json.dumps(report, indent=1) + "\n")
+    atomic.write_text(out / f"e2e-run{report['run']}.md", markdown(report))
     with tarfile.open(out / f"logs-run{report['run']}.tar.xz", "w:xz") as tar:
         tar.add(logs, arcname=f"logs-run{report['run']}")
 
@@ -410,9 +383,7 @@ def write_oracle(path: Path, prompts: list[list[int]], reference: dict, seed: in
     oracle = {"seed": seed, "rank_policy": rank_policy,
               "prompts": [{"input_ids": prompts[i], "ar_output_ids": reference[i]["output_ids"]}
                           for i in range(len(prompts))]}
-    tmp = path.with_suffix(".partial")
-    tmp.write_text(json.dumps(oracle) + "\n")
-    tmp.replace(path)
+    atomic.write_text(path, json.dumps(oracle) + "\n")
 
 
 def oracle_agreement(carried: Path, reference: dict) -> dict:
@@ -459,7 +430,7 @@ def read_state(state: Path, expected: str) -> dict:
     for name, entry in stale.items():
         say(f"stopping {name} (pid {entry['pid']}): " + ("left by a killed run" if usable else
                                                           "kept by a run of other code, models or settings"))
-    in_parallel(lambda pid=int(e["pid"]): stop_group(pid, lambda: pid_alive(pid)) for e in stale.values())
+    in_parallel(lambda pid=int(e["pid"]): stop_group(pid, lambda: alive(pid)) for e in stale.values())
     return {n: e for n, e in servers.items() if n not in stale}
 
 
@@ -604,9 +575,8 @@ class MatrixRun:
         mine = {s.spec.name: {"port": s.port, "pid": s.pid, "launched_at": s.launched_at,
                               "keep": s.reused if keep is None else s.spec.name in keep}
                 for s in self.servers if s.pid is not None and s.alive()}
-        tmp = self.state.with_suffix(".partial")
-        tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "servers": {**self.previous, **mine}}, indent=1) + "\n")
-        tmp.replace(self.state)
+        atomic.write_text(self.state, json.dumps({"fingerprint": self.fingerprint,
+                                                  "servers": {**self.previous, **mine}}, indent=1) + "\n")
 
     def waits_for_reference(self, server: Server) -> bool:
         return server.spec.oracle and self.carried_oracle is None
@@ -753,8 +723,8 @@ class MatrixRun:
         if self.is_speed:
             spec = speed.SpeedSpec.from_matrix(self.spec)
             baseline = next((s.spec.name for s in self.servers if s.spec.algo == "DFLASH"), "ar")
-            (self.args.out / f"speed-run{self.args.run}.md").write_text(
-                speed.markdown(str(self.args.run), self.speed, baseline, spec, report["device"], len(self.prompts)))
+            atomic.write_text(self.args.out / f"speed-run{self.args.run}.md", speed.markdown(
+                str(self.args.run), self.speed, baseline, spec, report["device"], len(self.prompts)))
         say(f"run {self.args.run}: {report['overall']} ({report['wall_s']} s)")
         return report
 

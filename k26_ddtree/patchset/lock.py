@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from k26_ddtree.errors import UserError
+from k26_ddtree.processes import alive
 
 LOCK_NAME = ".k26-ddtree.lock"
 DEFAULT_TIMEOUT_S = 30.0
@@ -43,22 +44,12 @@ def exists(site: Path) -> bool:
     return os.path.lexists(path(site))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, as another user's process
-    return True
-
-
 def _holder(fd: int) -> str:
     """The holder, named only from what a live writer wrote: a reader, a plain `flock`, or the
     leftover text of a writer killed by SIGKILL would otherwise be misnamed (or, for a file
     anyone wrote, flood the message)."""
     match = _HOLDER.fullmatch(os.pread(fd, 200, 0).decode("ascii", "replace"))
-    if match is None or not _alive(int(match.group(1))):
+    if match is None or not alive(int(match.group(1))):
         return UNNAMED
     return f"pid {match.group(1)} ({match.group(2)})"
 

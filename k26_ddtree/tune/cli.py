@@ -6,7 +6,6 @@ torch and matplotlib are imported inside the handler, so `k26-deploy --help` sta
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import datetime, timezone
@@ -73,13 +72,12 @@ def _estimate(rep: Replay, quiet: bool) -> dict:
 
 
 def _write(out: Path, plot: Path, outcome: Outcome) -> None:
-    from k26_ddtree import atomic
+    from k26_ddtree.bench.results import write_json_atomic
     from k26_ddtree.tune.plot import write_plot
     from k26_ddtree.tune.report import chain_config, document
 
-    atomic.write_text(out, json.dumps(document(outcome), indent=1) + "\n")
+    write_json_atomic(out, document(outcome))
     try:
-        plot.parent.mkdir(parents=True, exist_ok=True)
         write_plot(plot, outcome.chosen, outcome.others, chain_config(outcome), outcome.acceptance,
                    outcome.replay.depth, outcome.costs.ar_tok_s)
     except OSError as err:

@@ -13,6 +13,7 @@ import pytest
 
 from deploy_helpers import STANDIN, free_port, k26
 
+from k26_ddtree import processes
 from k26_ddtree.deploy import readiness
 
 
@@ -39,7 +40,7 @@ def servers():
 
     yield start
     for proc in started:
-        for child in readiness.descendants(proc.pid):
+        for child in processes.descendants(proc.pid):
             try:
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
