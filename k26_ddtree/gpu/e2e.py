@@ -227,9 +227,7 @@ def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_t
                  deadline: float):
     """Send the workload's requests; returns (results in prompt order, wall seconds)."""
     concurrency = int(workload["concurrency"])
-    params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": float(workload["temperature"])}
-    if "top_p" in workload:
-        params["top_p"] = float(workload["top_p"])
+    params = speed.sampling_params(workload, new_tokens)
     count = max(concurrency, len(prompts))
     jobs = [(i % len(prompts), prompts[i % len(prompts)]) for i in range(count)]
 
@@ -270,14 +268,9 @@ def cell_record(server: Server, wname: str, workload: dict, results, wall: float
             "tok_per_s": round(tokens / wall, 1) if wall > 0 else None,
             "accept_length": lossless.acceptance([r["meta"] for r in ok]) if server.spec.speculative else None}
     if float(workload["temperature"]) == 0.0 and reference is not None:
-        divs = []
-        for r in ok:
-            ref = reference[r["prompt"]]
-            d = lossless.check_request(r["prompt"], ref["output_ids"], ref["top2"], r["output_ids"], eps)
-            if d is not None:
-                divs.append(d.as_dict())
-        cell["divergences"] = divs
-        cell["verdict"] = "FAIL" if errors else lossless.verdict([lossless.Divergence(**d) for d in divs])
+        divs = lossless.divergences(((r["prompt"], r["output_ids"]) for r in ok), reference, eps)
+        cell["divergences"] = [d.as_dict() for d in divs]
+        cell["verdict"] = "FAIL" if errors else lossless.verdict(divs)
     else:
         cell["verdict"] = "completed" if not errors and tokens else "FAIL"
     return cell

@@ -51,6 +51,13 @@ def check_request(prompt: int, reference: list[int], reference_top2: list, got: 
     return Divergence(prompt, pos, ref_tok, got_tok, gap, gap is not None and gap <= eps)
 
 
+def divergences(outputs, reference: dict, eps: float) -> list[Divergence]:
+    """Each (prompt index, output ids) of `outputs` against reference[index] ({output_ids, top2})."""
+    found = (check_request(index, reference[index]["output_ids"], reference[index]["top2"], got, eps)
+             for index, got in outputs)
+    return [d for d in found if d is not None]
+
+
 def verdict(divergences: list[Divergence]) -> str:
     """'exact', 'lossless (ties only)' or 'FAIL'."""
     if not divergences:

@@ -67,7 +67,7 @@ class CellResult:
     server: str
     cell: str
     repeats: list[Repeat] = field(default_factory=list)
-    divergences: list[dict] = field(default_factory=list)
+    divergences: list[lossless.Divergence] = field(default_factory=list)
     checked: bool = False  # greedy outputs compared with the AR reference
     note: str = ""
 
@@ -75,7 +75,6 @@ class CellResult:
         rates = [r.tok_per_s for r in self.repeats if not r.errors]
         tokens = sum(r.tokens for r in self.repeats)
         steps = sum(r.verify_steps for r in self.repeats)
-        divs = [lossless.Divergence(**d) for d in self.divergences]
         errors = sum(r.errors for r in self.repeats)
         return {
             "server": self.server, "cell": self.cell, "repeats": len(self.repeats),
@@ -86,8 +85,8 @@ class CellResult:
             "requests_per_repeat": self.repeats[-1].requests if self.repeats else 0,
             "accept_length": round(tokens / steps, 3) if speculative and steps else None,
             "errors": errors,
-            "verdict": ("FAIL" if errors else lossless.verdict(divs)) if self.checked else ("FAIL" if errors else "completed"),
-            "divergences": self.divergences[:20],
+            "verdict": ("FAIL" if errors else lossless.verdict(self.divergences)) if self.checked else ("FAIL" if errors else "completed"),
+            "divergences": [d.as_dict() for d in self.divergences[:20]],
             "note": self.note,
         }
 
@@ -102,7 +101,8 @@ class Measured(Protocol):
     url: str
 
 
-def _params(cell: dict, new_tokens: int) -> dict:
+def sampling_params(cell: dict, new_tokens: int) -> dict:
+    """A workload cell's (temperature[, top_p]) as /generate's sampling_params, EOS ignored."""
     params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": float(cell["temperature"])}
     if "top_p" in cell:
         params["top_p"] = float(cell["top_p"])
@@ -156,7 +156,7 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
     speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
         concurrency = int(cell["concurrency"])
-        params = _params(cell, spec.new_tokens)
+        params = sampling_params(cell, spec.new_tokens)
         greedy = float(cell["temperature"]) == 0.0
         by_server = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
                      for s in servers}
@@ -178,7 +178,9 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
                                              first=r)
                 result.repeats.append(repeat)
                 if result.checked:
-                    result.divergences += _divergences(replies, reference, spec.eps)
+                    result.divergences += lossless.divergences(
+                        ((index, reply.get("output_ids") or []) for index, reply in replies if "error" not in reply),
+                        reference, spec.eps)
         for result in by_server.values():
             s = result.summary(speculative[result.server])
             say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "
@@ -186,18 +188,6 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
                 f"accept {s['accept_length']} {s['verdict']}")
             results.append(s)
     return results
-
-
-def _divergences(replies, reference: dict, eps: float) -> list[dict]:
-    divs = []
-    for index, reply in replies:
-        if "error" in reply:
-            continue
-        ref = reference[index]
-        d = lossless.check_request(index, ref["output_ids"], ref["top2"], reply.get("output_ids") or [], eps)
-        if d is not None:
-            divs.append(d.as_dict())
-    return divs
 
 
 def ratio_table(summaries: list[dict], baseline: str) -> dict:
