@@ -7,31 +7,17 @@ short (another kill, power loss) can simply be run again from the same journal.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
-from k26_ddtree.hashing import sha256_file
+from k26_ddtree.hashing import sha256_file, tree_digest
 from k26_ddtree.patchset import journal as journals
 from k26_ddtree.patchset.journal import DirEntry, Journal
 
 
 def sha_of(path: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None
-
-
-def tree_digest(path: Path) -> str | None:
-    """SHA256 over every file in a folder (relative path and content); None when there is none.
-    __pycache__ is left out: the interpreter writes there on its own."""
-    if not path.is_dir():
-        return None
-    digest = hashlib.sha256()
-    for item in sorted(path.rglob("*")):
-        rel = item.relative_to(path)
-        if item.is_file() and "__pycache__" not in rel.parts:
-            digest.update(rel.as_posix().encode() + b"\0" + bytes.fromhex(sha256_file(item)))
-    return digest.hexdigest()
 
 
 def drop_bytecode(path: Path) -> None:
