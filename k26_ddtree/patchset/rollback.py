@@ -28,6 +28,14 @@ def drop_bytecode(path: Path) -> None:
             pyc.unlink(missing_ok=True)
 
 
+def remove_path(path: Path) -> None:
+    """Delete a file or a whole folder; one already gone counts as deleted."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def reason(err: BaseException) -> str:
     if isinstance(err, OSError):
         return err.strerror or str(err) or type(err).__name__
@@ -87,10 +95,7 @@ def finish(site: Path, journal: Journal, rolling_back: bool = False) -> list[str
         leftovers.append(site / journal.directory.scratch)
     for path in leftovers:
         try:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+            remove_path(path)
         except OSError as err:
             left.append(f"{path.relative_to(site).as_posix()} ({reason(err)})")
     for folder in reversed(journal.made_dirs if rolling_back else []):
