@@ -94,19 +94,36 @@ fi
 
 step "Render and validate the systemd unit"
 UNIT_FILE="$WORK/k26-ddtree.$(basename "$PROFILE" .yaml).service"
-"$K26" render --profile "$PROFILE" --allow-missing-model "${SETS[@]}" > "$UNIT_FILE.tmp" \
-  || { rm -f "$UNIT_FILE.tmp"; fail "k26-deploy render failed (message above)"; }
+"$K26" render --profile "$PROFILE" --allow-missing-model "${SETS[@]}" > "$UNIT_FILE.tmp" 2>"$WORK/render.log"
+RENDER_RC=$?
+cat "$WORK/render.log" >&2
+[ $RENDER_RC -eq 0 ] || { rm -f "$UNIT_FILE.tmp"; fail "k26-deploy render failed (message above)"; }
 mv "$UNIT_FILE.tmp" "$UNIT_FILE" || fail "cannot write $UNIT_FILE"
-# render checks the unit with systemd-analyze when it can, and says on stderr when it could not.
-if command -v systemd-analyze >/dev/null 2>&1; then
-  echo "unit rendered and validated (systemd-analyze verify): $UNIT_FILE"
-else
+# render checks the unit with systemd-analyze when it can, and warns on stderr when it could not
+# (units.NOT_VALIDATED).
+if grep -q "not validated: systemd-analyze not found" "$WORK/render.log"; then
   echo "unit rendered, not validated (systemd-analyze not found): $UNIT_FILE"
+else
+  echo "unit rendered and validated (systemd-analyze verify): $UNIT_FILE"
 fi
 
 if [ "$HAVE_GPU" != yes ] || [ "$HAVE_SYSTEMD" != yes ]; then
   step "Stop before install and print the next step"
   ORIGIN=$(git -C "$ROOT" remote get-url origin 2>/dev/null || echo "<this repository>")
+  # The next step's folders are the rendered profile's (--set may have moved them); the drafter's
+  # repository and the stack are the toolkit's own pins.
+  NEXT=$("$VENV/bin/python" - "$UNIT_FILE" <<'PY'
+import sys
+from k26_ddtree.deploy.units import profile_from_unit
+from k26_ddtree.fetch.hub import DEFAULT_DRAFTER_REPO
+from k26_ddtree.repro.setup import CUDA_RELEASE, SGLANG, TORCH
+with open(sys.argv[1], encoding="utf-8") as unit:
+    profile = profile_from_unit(unit.read(), sys.argv[1])
+print(f"CUDA {CUDA_RELEASE} toolkit, torch {TORCH}, sglang {SGLANG}", profile.model, DEFAULT_DRAFTER_REPO,
+      profile.drafter, sep="\n")
+PY
+  ) || fail "cannot read the profile back from $UNIT_FILE"
+  { read -r STACK; read -r MODEL_DIR; read -r DRAFTER_REPO; read -r DRAFTER_DIR; } <<<"$NEXT"
   if [ "$HAVE_GPU" != yes ]; then
     echo "Stopped after rendering: no NVIDIA GPU here (nvidia-smi lists none), so nothing was installed or started."
   else
@@ -115,9 +132,9 @@ if [ "$HAVE_GPU" != yes ] || [ "$HAVE_SYSTEMD" != yes ]; then
   echo
   echo "NEXT STEP, on the GPU box (8x RTX PRO 6000 or 8x B300, Ubuntu 24.04, systemd):"
   echo "  git clone $ORIGIN k26-ddtree && cd k26-ddtree"
-  echo "  sudo bash env/setup_env.sh             # CUDA 13.0 toolkit, torch 2.11.0, sglang 0.5.11 in .venv"
-  echo "  .venv/bin/k26-deploy fetch-model --dest /models/Kimi-K2.6 \\"
-  echo "      --drafter SubSir/Kimi-K2.6-DFlash-tmp-long   # the weights; the drafter lands in /models/Kimi-K2.6-DFlash (REPRODUCE.md step 4)"
+  echo "  sudo bash env/setup_env.sh             # $STACK in .venv"
+  echo "  .venv/bin/k26-deploy fetch-model --dest $MODEL_DIR \\"
+  echo "      --drafter $DRAFTER_REPO --drafter-dest $DRAFTER_DIR   # the weights (REPRODUCE.md step 4)"
   echo "  sudo bash env/quickstart.sh --profile $PROFILE${SETS[*]:+ ${SETS[*]}}"
   echo "Full walk-through with expected output and times: REPRODUCE.md"
   exit 0

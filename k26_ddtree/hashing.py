@@ -1,5 +1,5 @@
-"""SHA-256 of files, the one digest every record of this toolkit uses (pins, manifests, model
-folders, bundles), and the `sha256sum` lists that carry them (MANIFEST.sha256, SHA256SUMS)."""
+"""SHA-256 of files and folders, the one digest every record of this toolkit uses (pins, manifests,
+model folders, bundles), and the `sha256sum` lists that carry them (MANIFEST.sha256, SHA256SUMS)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,20 @@ def file_digests(path: Path, with_git_oid: bool = False,
         git = None  # the file changed while hashing; the size check will report it
     return Digests(size=read_total, sha256=sha256.hexdigest(),
                    git_oid=git.hexdigest() if git is not None else None)
+
+
+def tree_digest(root: Path, pattern: str = "*") -> str | None:
+    """SHA-256 over the files under `root` whose names match `pattern` (relative path and content):
+    equal digests, same files. None when `root` is no folder. __pycache__ is left out: the
+    interpreter writes there on its own."""
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for item in sorted(root.rglob(pattern)):
+        rel = item.relative_to(root)
+        if item.is_file() and "__pycache__" not in rel.parts:
+            digest.update(rel.as_posix().encode() + b"\0" + bytes.fromhex(sha256_file(item)))
+    return digest.hexdigest()
 
 
 def parse_sums(text: str, source: str | Path) -> dict[str, str]:

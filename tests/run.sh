@@ -15,12 +15,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   mkdir -p .cache && "$PY" -m venv "$VENV" || exit 1
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null || exit 1
-# Any torch >= 2.4 runs the CPU suite; a venv that has one keeps it. A new venv gets 2.13.0,
-# which the CI machines carry as a local CPU wheel (the newest release the index offers is a
-# multi-GB CUDA build).
+# Any torch >= 2.4 runs the CPU suite; a venv that has one keeps it. A new venv gets the release
+# the CI machines carry as a local CPU wheel (the newest release the index offers is a multi-GB
+# CUDA build): setup's CPU fallback, read from the checkout (setup.py is standard library only).
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
-  echo "tests/run.sh: installing torch 2.13.0 into $VENV"
-  "$VENV/bin/python" -m pip install -q torch==2.13.0 || exit 1
+  TORCH=$("$VENV/bin/python" -c "from k26_ddtree.repro.setup import CPU_TORCH_FALLBACK; print(CPU_TORCH_FALLBACK)") \
+    || exit 1
+  echo "tests/run.sh: installing torch $TORCH into $VENV"
+  "$VENV/bin/python" -m pip install -q "torch==$TORCH" || exit 1
 fi
 echo "tests/run.sh: installing the toolkit and test requirements into $VENV"
 "$VENV/bin/python" -m pip install -q -r env/requirements-test.txt -r env/requirements-sglang-cpu.txt || exit 1

@@ -68,9 +68,14 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _drop_to_nobody(setpriv: str) -> list[str]:
-    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--no-new-privs", "--"]
+def _drop_to_nobody(consequence: str = "") -> tuple[str, ...]:
+    """setpriv's command prefix that runs the rest as uid nobody without capabilities; an
+    _Unusable (its message ending in `consequence`) when setpriv is missing."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise _Unusable(f"setpriv (util-linux) is missing{consequence}")
+    return (os.path.realpath(setpriv), f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--")
 
 
 def _bwrap_mounts(python: Interpreter) -> list[str]:
@@ -150,15 +155,12 @@ class Isolation:
 def _bubblewrap(bwrap: str, python: Interpreter) -> Isolation:
     as_root = os.geteuid() == 0
     if as_root:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            raise _Unusable("setpriv (util-linux) is missing, so bwrap cannot drop root")
+        drop = _drop_to_nobody(", so bwrap cannot drop root")
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                       "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                       "--cap-add", "CAP_SETPCAP"]
-        drop = _drop_to_nobody(os.path.realpath(setpriv))
     else:
-        namespaces, drop = ["--unshare-all"], []  # a user namespace too: bwrap needs one to mount
+        namespaces, drop = ["--unshare-all"], ()  # a user namespace too: bwrap needs one to mount
     uid = NOBODY if as_root else os.getuid()
     filtered = "a seccomp filter" if deny_filter() is not None else "no seccomp filter (unknown machine)"
     note = (f"bubblewrap: uid {uid}, no network, own pid/ipc/uts namespaces, read-only system dirs and "
@@ -166,7 +168,7 @@ def _bubblewrap(bwrap: str, python: Interpreter) -> Isolation:
     wrapper = (bwrap, *namespaces, "--die-with-parent", "--new-session", "--clearenv",
                *(arg for key, value in {**ENV, "HOME": WORKDIR}.items() for arg in ("--setenv", key, value)),
                *_bwrap_mounts(python))
-    return Isolation(note, python, uid, wrapper, tuple(drop))
+    return Isolation(note, python, uid, wrapper, drop)
 
 
 def _unsandboxed(python: Interpreter) -> Isolation:
@@ -174,12 +176,9 @@ def _unsandboxed(python: Interpreter) -> Isolation:
         uid = os.getuid()
         return Isolation(f"UNSANDBOXED ({UNSANDBOXED_FLAG}): a plain process as uid {uid} with rlimits; "
                          f"it can read and write what uid {uid} can", python, uid, (), ())
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        raise _Unusable("setpriv (util-linux) is missing")
+    drop = _drop_to_nobody()
     return Isolation(f"UNSANDBOXED ({UNSANDBOXED_FLAG}): a plain process as uid {NOBODY} with rlimits; "
-                     f"it can read and write what uid {NOBODY} can", python, NOBODY, (),
-                     tuple(_drop_to_nobody(os.path.realpath(setpriv))))
+                     f"it can read and write what uid {NOBODY} can", python, NOBODY, (), drop)
 
 
 class _Unusable(Exception):

@@ -13,6 +13,7 @@ would not hold for them.
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 
@@ -69,6 +70,7 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k)
 
 
+@functools.cache  # every sandboxed start loads the same program
 def deny_filter(machine: str | None = None) -> bytes | None:
     """The program for this machine (`platform.machine()`), or None for one it does not know."""
     abi = _ABIS.get(machine or platform.machine())

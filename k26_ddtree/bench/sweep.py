@@ -7,6 +7,7 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from k26_ddtree.bench.report import winners_markdown
 from k26_ddtree import atomic
@@ -67,13 +68,13 @@ def _reconfigure(plan: SweepPlan, budget: int, topk: int) -> str | None:
     return None if done.returncode == 0 else f"reconfigure exited {done.returncode}"
 
 
-def _recorded_run_ids(path) -> set[str]:
-    return {r["run_id"] for r in load_results(path)["runs"]} if path.exists() else set()
+def _recorded_runs(path: Path) -> list[dict]:
+    return load_results(path)["runs"] if path.exists() else []
 
 
 def run_sweep(plan: SweepPlan, base: RunOptions) -> int:
     """Every config in turn; a failed reconfigure is reported and the sweep goes on."""
-    recorded_before = _recorded_run_ids(base.out)
+    recorded_before = {r["run_id"] for r in _recorded_runs(base.out)}
     failed: list[str] = []
     run_ids: list[str] = []
     for budget in plan.budgets:
@@ -95,13 +96,15 @@ def run_sweep(plan: SweepPlan, base: RunOptions) -> int:
                 print(f"sweep: budget {budget} topk {topk} failed: {err}", file=sys.stderr)
                 continue
             run_ids.append(run["run_id"])
-    runs = [r for r in load_results(base.out)["runs"] if r["run_id"] in run_ids] if run_ids else []
+    # Once a run finished the file must be there: gone, it is an error, not a sweep that recorded nothing.
+    recorded = load_results(base.out)["runs"] if run_ids else _recorded_runs(base.out)
+    runs = [r for r in recorded if r["run_id"] in run_ids]
     summary = winners_markdown(runs) if runs else "No configuration finished.\n"
     if failed:
         summary += "\nFailed configurations:\n\n" + "".join(f"- {line}\n" for line in failed)
     summary_path = base.out.with_suffix(".sweep.md")
     print(summary)
-    added = len(_recorded_run_ids(base.out) - recorded_before)
+    added = len({r["run_id"] for r in recorded} - recorded_before)
     if added:
         atomic.write_text(summary_path, summary)
         print(f"sweep: {added} run(s) recorded in {base.out}; summary in {summary_path}", file=sys.stderr)

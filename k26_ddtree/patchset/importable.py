@@ -19,7 +19,6 @@ must run against the hooks they were written for.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import k26_ddtree
 from k26_ddtree.errors import UserError
+from k26_ddtree.hashing import tree_digest
 from k26_ddtree.patchset.transaction import CopyStep, FileStep, Step
 from k26_ddtree.resources import source_root
 
@@ -57,15 +57,6 @@ class ImportPlan:
 
 def our_package() -> Path:
     return Path(k26_ddtree.__file__).resolve().parent
-
-
-def package_digest(package: Path) -> str:
-    """SHA256 over the package's .py files (path and content): equal digests, same code."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def _candidate_interpreters(site: Path) -> list[Path]:
@@ -109,7 +100,7 @@ def _is_our_copy(package: Path) -> bool:
 
 
 def _same_code(package: Path, ours: Path) -> bool:
-    return package.resolve() == ours or package_digest(package) == package_digest(ours)
+    return package.resolve() == ours or tree_digest(package, "*.py") == tree_digest(ours, "*.py")
 
 
 def plan(site: Path) -> ImportPlan:

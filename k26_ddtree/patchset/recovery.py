@@ -10,7 +10,6 @@ apply and --revert do this; --check and --dry-run only report it.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -18,7 +17,7 @@ from k26_ddtree.atomic import TMP_SUFFIX
 from k26_ddtree.errors import UserError
 from k26_ddtree.patchset import journal as journals
 from k26_ddtree.patchset.journal import COMMITTED, Journal
-from k26_ddtree.patchset.rollback import finish, roll_back
+from k26_ddtree.patchset.rollback import finish, remove_path, roll_back
 
 Out = Callable[[str], None]
 
@@ -61,10 +60,7 @@ def _unrecorded(site: Path, journal: Journal | None, folders: Iterable[Path]) ->
 def _delete(paths: list[Path]) -> None:
     for path in paths:
         try:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            remove_path(path)
         except OSError as err:
             raise UserError(f"cannot delete the stray staged file {path} ({err.strerror}); "
                             "stopped before changing anything else", code=1) from None

@@ -7,12 +7,11 @@ short (another kill, power loss) can simply be run again from the same journal.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
-from k26_ddtree.hashing import sha256_file
+from k26_ddtree.hashing import sha256_file, tree_digest
 from k26_ddtree.patchset import journal as journals
 from k26_ddtree.patchset.journal import DirEntry, Journal
 
@@ -21,25 +20,20 @@ def sha_of(path: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None
 
 
-def tree_digest(path: Path) -> str | None:
-    """SHA256 over every file in a folder (relative path and content); None when there is none.
-    __pycache__ is left out: the interpreter writes there on its own."""
-    if not path.is_dir():
-        return None
-    digest = hashlib.sha256()
-    for item in sorted(path.rglob("*")):
-        rel = item.relative_to(path)
-        if item.is_file() and "__pycache__" not in rel.parts:
-            digest.update(rel.as_posix().encode() + b"\0" + bytes.fromhex(sha256_file(item)))
-    return digest.hexdigest()
-
-
 def drop_bytecode(path: Path) -> None:
     # Timestamp pycs are keyed on mtime and size; a restored file can match both, so drop them.
     cache = path.parent / "__pycache__"
     if path.suffix == ".py" and cache.is_dir():
         for pyc in cache.glob(f"{path.stem}.*.pyc"):
             pyc.unlink(missing_ok=True)
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file or a whole folder; one already gone counts as deleted."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def reason(err: BaseException) -> str:
@@ -101,10 +95,7 @@ def finish(site: Path, journal: Journal, rolling_back: bool = False) -> list[str
         leftovers.append(site / journal.directory.scratch)
     for path in leftovers:
         try:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+            remove_path(path)
         except OSError as err:
             left.append(f"{path.relative_to(site).as_posix()} ({reason(err)})")
     for folder in reversed(journal.made_dirs if rolling_back else []):

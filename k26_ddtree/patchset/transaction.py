@@ -29,10 +29,10 @@ from typing import Callable, NoReturn, Union
 
 from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
-from k26_ddtree.hashing import sha256_bytes, sha256_file
+from k26_ddtree.hashing import sha256_bytes, sha256_file, tree_digest
 from k26_ddtree.patchset import journal as journals
 from k26_ddtree.patchset.journal import COMMITTED, PREPARING, REPLACING, DirEntry, FileEntry, Journal
-from k26_ddtree.patchset.rollback import drop_bytecode, finish, reason, roll_back, sha_of, tree_digest
+from k26_ddtree.patchset.rollback import drop_bytecode, finish, reason, roll_back, sha_of
 from k26_ddtree.patchset.signals import Interrupted, Signals
 
 # Test-only (tests/patchset/test_signals.py, test_recovery.py, test_lock.py): a folder; the

@@ -90,11 +90,6 @@ def machine_arch() -> str:
     return platform.machine() or "unknown"
 
 
-def systemd_is_init() -> bool:
-    """sd_booted()'s test: systemd is PID 1 exactly when /run/systemd/system exists."""
-    return os.path.isdir("/run/systemd/system")
-
-
 def url_answers(url: str, timeout: float) -> bool:
     """Whether GET `url` gets a 200 within `timeout` seconds (no retries: a quick yes or no)."""
     try:

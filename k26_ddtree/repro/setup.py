@@ -40,7 +40,7 @@ CUDA_APT_PACKAGE = "cuda-toolkit-13-0"
 DEFAULT_CUDA_HOME = "/usr/local/cuda-13.0"
 MIN_DRIVER_MAJOR = 580  # CUDA 13.0's minimum Linux driver branch
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-# Without that index: the release the CI machines carry as a local CPU wheel (tests/run.sh takes it too).
+# Without that index: the release the CI machines carry as a local CPU wheel (tests/run.sh reads it here too).
 CPU_TORCH_FALLBACK = "2.13.0"
 INDEX_TIMEOUT_S = 10
 CUDA_KEYRING = "cuda-keyring_1.1-1_all.deb"
