@@ -16,6 +16,7 @@ from k26_ddtree.bench.cli import int_list, positive_int
 from k26_ddtree.errors import UserError
 
 if TYPE_CHECKING:
+    from k26_ddtree.core.acceptance import TreeShape
     from k26_ddtree.tune.costs import Costs
     from k26_ddtree.tune.estimate import Replay
     from k26_ddtree.tune.report import Outcome
@@ -53,11 +54,10 @@ def _read_trace(path: Path):
         raise UserError(str(err)) from None
 
 
-def _estimate(rep: Replay, quiet: bool) -> dict:
+def _estimate(rep: Replay, shapes: list[TreeShape], quiet: bool) -> dict:
     from k26_ddtree.progress import Reporter, TotalMeter
-    from k26_ddtree.tune.estimate import acceptance, all_shapes
+    from k26_ddtree.tune.estimate import acceptance
 
-    shapes = all_shapes(rep.depth)
     reporter = Reporter(sys.stderr, quiet=quiet)
     reporter.line(f"tune: replaying {rep.steps} steps under {len(shapes)} tree shapes")
     meter = TotalMeter("tune: acceptance", len(shapes), unit="shapes")
@@ -86,7 +86,7 @@ def _write(out: Path, plot: Path, outcome: Outcome) -> None:
 
 def handle_tune(args) -> int:
     from k26_ddtree.tune.costs import load_costs
-    from k26_ddtree.tune.estimate import all_shapes, check_drafts, replay
+    from k26_ddtree.tune.estimate import check_drafts, replay, searched_shapes
     from k26_ddtree.tune.predict import choose, plan
     from k26_ddtree.tune.report import Outcome, notes, summary, table
 
@@ -98,13 +98,14 @@ def handle_tune(args) -> int:
     _check_trace_matches(header, args.trace, args.model, costs)
     depth = int(header["depth"])
     budgets = range(args.min_budget, args.max_budget + 1)
-    if not any(shape.budget in budgets for shape in all_shapes(depth)):
+    shapes = searched_shapes(depth, SPINES[args.spine], budgets)
+    if not shapes:
         raise UserError(f"no tree shape of draft depth {depth} has a budget in {budgets.start}-{budgets.stop - 1}")
     concurrencies = sorted(set(args.concurrency or costs.concurrencies()))
     costs.require(concurrencies, budgets.start, budgets.stop - 1)
     rep = replay(steps)
     check_drafts(rep, str(args.trace))
-    acceptance = _estimate(rep, args.quiet)
+    acceptance = _estimate(rep, shapes, args.quiet)
     plans = [plan(acceptance, depth, costs, concurrencies, spine, budgets) for spine in SPINES[args.spine]]
     chosen = choose(plans)
     outcome = Outcome(trace=args.trace, header=header, replay=rep, acceptance=acceptance, costs=costs,

@@ -61,6 +61,14 @@ def all_shapes(depth: int) -> list[TreeShape]:
             if budget <= max_budget(depth, topk) and codes_fit(depth, topk, budget)]
 
 
+def searched_shapes(depth: int, spines: tuple[bool, ...], budgets: range) -> list[TreeShape]:
+    """The shapes a tune replays: those of `spines` with a budget in `budgets`, and the chains the
+    table and plot stand beside them (b{depth}k1, plain and as a tree of each spine), whatever the budgets."""
+    searched = [s for s in all_shapes(depth) if s.spine in spines and s.budget in budgets]
+    chains = [chain(depth), *(TreeShape(depth, 1, spine) for spine in spines)]
+    return searched + [c for c in dict.fromkeys(chains) if c not in searched] if searched else []
+
+
 def replay(steps: Steps) -> Replay:
     """Each step's continuation, from its committed tokens and the following steps' of its request.
 
