@@ -30,10 +30,9 @@ class EndpointMissing(UserError):
     """The server answered 404: it has no such endpoint."""
 
 
-def read_api_key(api_key_file: str | None) -> str | None:
+def read_api_key(path: Path | None) -> str | None:
     """The API key from --api-key-file, else $K26_API_KEY, else None (never printed)."""
-    if api_key_file:
-        path = Path(api_key_file)
+    if path is not None:
         try:
             key = path.read_text(encoding="utf-8").strip()
         except OSError as err:
