@@ -74,13 +74,6 @@ def request_count(text: str) -> int:
     return value
 
 
-def path_arg(text: str) -> Path:
-    """A path flag's value; an empty one is refused (Path('') is '.', the current folder)."""
-    if not text:
-        raise argparse.ArgumentTypeError("is empty: give a path")
-    return Path(text)
-
-
 def default_out() -> Path:
     return Path(f"k26-bench-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json")
 
@@ -88,9 +81,10 @@ def default_out() -> Path:
 def _add_server_args(p: argparse.ArgumentParser, record_config: bool = True) -> None:
     g = p.add_argument_group("server and run record")
     g.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
-    g.add_argument("--api-key-file", help="file holding the server's API key, sent as 'Authorization: Bearer'; "
-                                          "else $K26_API_KEY; never printed or stored")
-    g.add_argument("--out", type=path_arg,
+    g.add_argument("--api-key-file", type=checks.path_arg,
+                   help="file holding the server's API key, sent as 'Authorization: Bearer'; "
+                        "else $K26_API_KEY; never printed or stored")
+    g.add_argument("--out", type=checks.path_arg,
                    help="results JSON to create or append to (default ./k26-bench-<UTC time>.json); "
                         "a symlink is followed: the file it names is the one appended to")
     g.add_argument("--label", help="name of this run in reports (default from the server: AR, DFLASH, DDTREE b8 k4)")
@@ -129,7 +123,7 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab-size", type=positive_int, metavar="N",
                    help="token ids of the served model, when its config.json is not on this machine (the bench "
                         "reads it from the server's model_path and refuses to guess)")
-    g.add_argument("--prompt-file", type=path_arg,
+    g.add_argument("--prompt-file", type=checks.path_arg,
                    help="take prompts from windows of this text file instead of random ids "
                         "(a word per token unless --tokenizer is given)")
     g.add_argument("--tokenizer", help="tokenizer (path or name) to cut --prompt-file windows of exact token length")
@@ -147,7 +141,7 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="seconds per sandboxed test run (default 10)")
     g.add_argument("--eval-tokenizer",
                    help="chat template for /generate prompts (default: the server's tokenizer path if it is local)")
-    g.add_argument("--tasks", type=path_arg, help="task file (default: the built-in bench/coding_tasks.yaml)")
+    g.add_argument("--tasks", type=checks.path_arg, help="task file (default: the built-in bench/coding_tasks.yaml)")
     g.add_argument("--task", action="append", help="run only this task id (repeatable)")
     g.add_argument("--eval-unsandboxed", action="store_true",
                    help="where bubblewrap (bwrap) does not work, still run the model's code: in a plain process "
@@ -339,9 +333,9 @@ def register(sub) -> None:
             "b8/b16, ...) are shown side by side with the best config per concurrency."
         ),
     )
-    report.add_argument("results", nargs="+", type=path_arg, metavar="RUN.json",
+    report.add_argument("results", nargs="+", type=checks.path_arg, metavar="RUN.json",
                         help="results files from bench run/sweep")
-    report.add_argument("--out", type=path_arg, default=Path("bench-report"),
+    report.add_argument("--out", type=checks.path_arg, default=Path("bench-report"),
                         help="output folder (default ./bench-report)")
     report.set_defaults(func=handle_report)
 

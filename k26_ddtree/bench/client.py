@@ -16,21 +16,23 @@ from typing import Callable
 
 import httpx
 
-from k26_ddtree.bench.boundedjson import MAX_ANSWER_DEPTH, TooDeep, loads
+from k26_ddtree import jsonread
 from k26_ddtree.errors import UserError
 
 API_KEY_ENV = "K26_API_KEY"
 WAIT_NOTE_EVERY_S = 10.0
+# SGLang's answers nest under 10 levels; deeper is refused before the secret scrubber and the
+# results writer, which recurse once per level, meet it.
+MAX_ANSWER_DEPTH = 64
 
 
 class EndpointMissing(UserError):
     """The server answered 404: it has no such endpoint."""
 
 
-def read_api_key(api_key_file: str | None) -> str | None:
+def read_api_key(path: Path | None) -> str | None:
     """The API key from --api-key-file, else $K26_API_KEY, else None (never printed)."""
-    if api_key_file:
-        path = Path(api_key_file)
+    if path is not None:
         try:
             key = path.read_text(encoding="utf-8").strip()
         except OSError as err:
@@ -114,10 +116,10 @@ class ServerClient:
         if response.status_code != 200:
             raise UserError(f"{url} answered HTTP {response.status_code}")
         try:
-            body = loads(response.content, MAX_ANSWER_DEPTH)
-        except TooDeep as err:
+            body = jsonread.parse_json(response.content, f"the answer of {url}", MAX_ANSWER_DEPTH)
+        except jsonread.TooDeep as err:
             raise UserError(f"{url} answered {err}") from None
-        except ValueError:  # not JSON, or not UTF-8 text
+        except jsonread.Unreadable:
             raise UserError(f"{url} did not answer JSON") from None
         if not isinstance(body, dict):
             raise UserError(f"{url} answered {json.dumps(body)[:40]}, not a JSON object")
@@ -207,7 +209,7 @@ class ServerClient:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    chunk = loads(data, MAX_ANSWER_DEPTH)
+                    chunk = jsonread.parse_json(data, "a stream chunk", MAX_ANSWER_DEPTH)
                     if not isinstance(chunk, dict):
                         raise ValueError(f"stream chunk {json.dumps(chunk)[:40]} is not a JSON object")
                     if "error" in chunk:
@@ -249,7 +251,7 @@ class ServerClient:
             response = await self._http.post("/v1/chat/completions", json=payload)
             if response.status_code != 200:
                 return ChatRecord(ok=False, error=_error_text(response, response.content))
-            message, tokens = _chat_answer(loads(response.content, MAX_ANSWER_DEPTH))
+            message, tokens = _chat_answer(jsonread.parse_json(response.content, "the chat answer", MAX_ANSWER_DEPTH))
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
             return ChatRecord(ok=False, error=_exception_text(err))
         return ChatRecord(ok=True, message=message, completion_tokens=tokens, latency_s=time.perf_counter() - start)

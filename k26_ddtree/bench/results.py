@@ -14,12 +14,10 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from k26_ddtree import atomic
-from k26_ddtree.bench.boundedjson import MAX_FILE_DEPTH, TooDeep, loads
+from k26_ddtree import atomic, jsonread
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import source_root
 
@@ -32,6 +30,11 @@ MAX_REQUESTS = 2 * MAX_CONCURRENCY
 # Above any rate (tok/s), latency (ms) or acceptance a bench measures; far below the float
 # range, near whose end matplotlib cannot lay out an axis.
 MAX_MEASURE = 1e9
+# SGLang's answers nest under 10 levels (client.MAX_ANSWER_DEPTH); one recorded in a run
+# (server_info) sits 3 levels down in the file (runs, run, server_info), so a file may be a
+# little deeper than an answer. Both stay far below where the scrubber and the writer recurse
+# past Python's limit (near 500).
+MAX_FILE_DEPTH = 100
 RUN_KEYS = ("run_id", "label", "status", "started_at", "cells")
 _SECRET_KEY = re.compile(r"(api[-_]?key|password|secret|(^|[-_])token$)", re.IGNORECASE)
 
@@ -112,18 +115,15 @@ def load_results(path: Path) -> dict:
     """Parse a results file; a clear error for anything that is not one, down to each number the
     readers (report, plots, tune) use, so none of them meets a value it cannot handle."""
     try:
-        document = loads(path.read_text(encoding="utf-8"), MAX_FILE_DEPTH)
-    except OSError as err:
-        raise UserError(f"cannot read {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
-    except UnicodeDecodeError:
+        document = jsonread.read_json(path, max_depth=MAX_FILE_DEPTH)
+    except FileNotFoundError:
+        raise UserError(f"cannot read {path}: no such file") from None
+    except jsonread.NotText:
         raise UserError(f"{path} is not JSON (not UTF-8 text)") from None
-    except TooDeep as err:
+    except jsonread.TooDeep as err:
         raise UserError(f"{path} is not a k26-deploy bench results file ({err})") from None
-    except ValueError:  # json.loads refuses an integer longer than Python converts (4300 digits)
-        raise UserError(f"{path} holds an integer of more than {sys.get_int_max_str_digits()} digits: "
-                        "not a k26-deploy bench results file") from None
+    except jsonread.Unreadable as err:
+        raise UserError(f"{err}: not a k26-deploy bench results file") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA or not isinstance(document.get("runs"), list):
         raise UserError(f"{path} is not a k26-deploy bench results file (schema {SCHEMA})")
     for number, run in enumerate(document["runs"], 1):

@@ -11,10 +11,10 @@ pad, the tokenizer's added tokens) are read from the same folder and avoided.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree import jsonread
 from k26_ddtree.errors import UserError
 
 TEXT_CONFIG_KEYS = ("thinker_config", "llm_config", "language_config", "text_config")  # SGLang's order
@@ -32,10 +32,13 @@ class Vocabulary:
 
 
 def _read_json(path: Path) -> dict:
+    """The object in `path`; {} when the folder lacks it, a UserError when it is there but unreadable."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = jsonread.read_json(path)
+    except FileNotFoundError:
         return {}
+    except jsonread.Unreadable as err:
+        raise UserError(f"{err}: it is read to learn the served model's vocabulary") from None
     return data if isinstance(data, dict) else {}
 
 

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import math
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from k26_ddtree.errors import UserError
+
+
+def path_arg(text: str) -> Path:
+    """argparse type of a path flag. Path("") is Path("."): an empty value, such as an unset
+    shell variable, would read, fill or write the current folder without a word; and a NUL
+    byte, which no path can hold, would fail later as a traceback."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no directory or file; this one is empty: give a path")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a NUL byte, which no path can")
+    return Path(text)
 
 
 def http_url(value: str, what: str, example: str) -> str:

@@ -51,7 +51,7 @@ def register(sub) -> None:
     )
     _profile_args(p, required=True)
     p.add_argument("--unit", default="k26-ddtree", help=UNIT_HELP)
-    p.add_argument("--unit-dir", default="/etc/systemd/system",
+    p.add_argument("--unit-dir", type=checks.path_arg, default="/etc/systemd/system",
                    help="directory for the unit file (default /etc/systemd/system; /run/systemd/system: until reboot)")
     p.add_argument("--root", help="write under this root directory instead (image building); no daemon-reload")
     p.add_argument("--enable", action="store_true", help="also enable the unit at boot")
@@ -193,12 +193,13 @@ def _install(args) -> int:
         raise UserError("--root is empty: give the directory to write under, or leave --root out")
     if args.root and (args.start or args.enable):
         raise UserError("--start and --enable act on this machine's systemd; with --root they would do nothing")
-    if not Path(args.unit_dir).is_absolute():
-        raise UserError(f"--unit-dir must be an absolute path (it is also where systemd looks), got {args.unit_dir!r}")
+    if not args.unit_dir.is_absolute():
+        raise UserError("--unit-dir must be an absolute path (it is also where systemd looks), "
+                        f"got {str(args.unit_dir)!r}")
     profile = load_profile(args.profile, args.set)
     check_model_dirs(profile, args.allow_missing_model)
     root = Path(args.root).resolve() if args.root else None
-    return install(profile, args.unit, Path(args.unit_dir), root, args.start, args.enable,
+    return install(profile, args.unit, args.unit_dir, root, args.start, args.enable,
                    state_dir(args.state_dir), _say)
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from k26_ddtree import jsonread
 from k26_ddtree.core import budget
 from k26_ddtree.deploy import values
 from k26_ddtree.deploy.flags import (
@@ -73,11 +74,11 @@ def to_json(profile: Profile) -> str:
 
 def profile_from_json(text: str, origin: str) -> Profile:
     try:
-        raw = json.loads(text)
+        raw = jsonread.parse_json(text, "it")
         name, data, sources = raw["name"], raw["data"], [str(s) for s in raw.get("sources", [])]
         if not isinstance(name, str) or not isinstance(data, dict):
             raise TypeError("name or data of the wrong type")
-    except (ValueError, KeyError, TypeError, RecursionError) as err:
+    except (jsonread.Unreadable, KeyError, TypeError) as err:
         raise UserError(f"{origin}: the embedded profile is unreadable ({err}); re-install the unit") from None
     return _finish(name, data, sources, origin, fill_missing=True)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
 
+from k26_ddtree import jsonread
 from k26_ddtree.processes import alive, descendants, pids
 
 
@@ -97,7 +98,7 @@ def smoke_generate(url: str, api_key: str | None) -> str | None:
     if code != 200:
         return f"smoke /generate answered {code or body}"
     try:
-        tokens = json.loads(body)["meta_info"]["completion_tokens"]
+        tokens = jsonread.parse_json(body, "the smoke answer")["meta_info"]["completion_tokens"]
     except (ValueError, KeyError, TypeError):
         return f"smoke /generate answered 200 without meta_info.completion_tokens: {body[:120]!r}"
     return None if tokens >= 1 else "smoke /generate produced no tokens"
@@ -108,8 +109,8 @@ def server_info(url: str, api_key: str | None) -> dict | None:
     if code != 200:
         return None
     try:
-        info = json.loads(body)
-    except ValueError:
+        info = jsonread.parse_json(body, "the server_info answer")
+    except jsonread.Unreadable:
         return None
     return info if isinstance(info, dict) else None
 

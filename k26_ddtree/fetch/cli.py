@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
+from k26_ddtree.cli.checks import http_url, path_arg
 from k26_ddtree.errors import UserError
 
 # Files at once, each with up to 16 connections: aria2c holds a socket per connection and a
@@ -37,7 +37,7 @@ def register(sub) -> None:
         epilog=_FETCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     fetch.add_argument("--model", default=DEFAULT_MODEL_REPO, metavar="REPO",
                        help="hub repository of the target model (default: %(default)s)")
-    fetch.add_argument("--dest", required=True, type=_dir_path, metavar="DIR",
+    fetch.add_argument("--dest", required=True, type=path_arg, metavar="DIR",
                        help="model directory to fill (created if missing)")
     fetch.add_argument("--revision", default="main", metavar="REV",
                        help="branch, tag or commit of --model (default: %(default)s)")
@@ -46,7 +46,7 @@ def register(sub) -> None:
                        help=f"hub repository of the DFlash drafter (default: {DEFAULT_DRAFTER_REPO})")
     fetch.add_argument("--no-drafter", action="store_true",
                        help="fetch --model alone, without a drafter")
-    fetch.add_argument("--drafter-dest", type=_dir_path, metavar="DIR",
+    fetch.add_argument("--drafter-dest", type=path_arg, metavar="DIR",
                        help="directory for the drafter (default: DEST-DFlash beside --dest; the shipped "
                             "profiles pair /models/Kimi-K2.6 with /models/Kimi-K2.6-DFlash)")
     fetch.add_argument("--drafter-revision", metavar="REV",
@@ -60,7 +60,7 @@ def register(sub) -> None:
                             "(aria2c -k, 1M-1024M; default: %(default)s)")
     fetch.add_argument("--endpoint", metavar="URL",
                        help="hub endpoint (default: $HF_ENDPOINT or https://huggingface.co)")
-    fetch.add_argument("--token-file", type=Path, metavar="FILE",
+    fetch.add_argument("--token-file", type=path_arg, metavar="FILE",
                        help="file holding the hub token, mode 0600 (see below)")
     fetch.set_defaults(func=fetch_model)
 
@@ -71,16 +71,8 @@ def register(sub) -> None:
                     "or differ. On success the directory's stamp is recorded, so render, install and "
                     "reconfigure accept it; a read-only directory is verified all the same (exit 0) "
                     "and the output says that its stamp could not be recorded.")
-    verify.add_argument("dir", type=_dir_path, metavar="DIR", help="the model directory")
+    verify.add_argument("dir", type=path_arg, metavar="DIR", help="the model directory")
     verify.set_defaults(func=verify_model)
-
-
-def _dir_path(text: str) -> Path:
-    # Path("") is Path("."): an empty value, such as an unset shell variable, would fill or
-    # verify the current folder without a word.
-    if not text:
-        raise argparse.ArgumentTypeError("an empty path names no directory")
-    return Path(text)
 
 
 def _check_split_size(text: str) -> None:
@@ -93,7 +85,6 @@ def _check_split_size(text: str) -> None:
 def fetch_model(args) -> int:
     from k26_ddtree.fetch.aria2 import Aria2Settings, find_aria2c
     from k26_ddtree.fetch.fetcher import RepoFetch, check_free_space
-    from k26_ddtree.cli.checks import http_url
     from k26_ddtree.fetch.hub import (DEFAULT_DRAFTER_REPO, check_repo_id, check_revision, default_endpoint,
                                       fetch_snapshot)
     from k26_ddtree.progress import Reporter

@@ -11,13 +11,13 @@ two versions of the model.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import reprlib
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from k26_ddtree import jsonread
 from k26_ddtree.errors import UserError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -115,13 +115,12 @@ def fetch_snapshot(endpoint: str, repo: str, revision: str, token: str | None,
     if response.status_code != 200:
         raise UserError(f"listing {repo} at {endpoint} failed: HTTP {response.status_code}", code=1)
     try:
-        info = json.loads(response.content)
-    except ValueError:
+        info = jsonread.parse_json(response.content, f"the answer of {url}")
+    except jsonread.TooDeep:
+        raise UserError(f"{url} answered JSON nested too deeply to be a repository listing", code=1) from None
+    except jsonread.Unreadable:
         raise UserError(f"{url} answered something that is not JSON: is {endpoint} a Hugging Face hub?",
                         code=1) from None
-    except RecursionError:
-        # json nests a Python call per `[` or `{`; no listing is nested more than three deep.
-        raise UserError(f"{url} answered JSON nested too deeply to be a repository listing", code=1) from None
     try:
         return parse_snapshot(repo, revision, info)
     except ValueError as err:

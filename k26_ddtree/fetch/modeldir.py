@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from k26_ddtree import atomic, hashing
+from k26_ddtree import atomic, hashing, jsonread
 from k26_ddtree.errors import UserError
 from k26_ddtree.fetch.hub import DEFAULT_DRAFTER_REPO, DEFAULT_MODEL_REPO
 from k26_ddtree.progress import Reporter, TotalMeter, as_they_finish, human_bytes
@@ -51,8 +51,8 @@ def read_sums(model_dir: Path) -> list[tuple[str, str]]:
 def read_stamp(model_dir: Path) -> dict | None:
     """The stamp, or None when absent or unreadable (then nothing in it can be trusted)."""
     try:
-        stamp = json.loads((model_dir / STAMP_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        stamp = jsonread.read_json(model_dir / STAMP_NAME)
+    except (FileNotFoundError, jsonread.Unreadable):
         return None
     if not isinstance(stamp, dict) or stamp.get("format") != STAMP_FORMAT:
         return None

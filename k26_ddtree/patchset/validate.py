@@ -9,9 +9,10 @@ form the toolkit itself writes, and what is wrong is said in words: which field,
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from k26_ddtree import jsonread
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}")
@@ -25,17 +26,9 @@ def read_json(path: Path) -> object:
     """The parsed JSON at `path`; Invalid says why it cannot be read. FileNotFoundError passes
     through: whether a missing file is an error is the caller's to say."""
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        raise
-    except OSError as err:
-        raise Invalid(f"it cannot be read ({err.strerror or err})") from None
-    except UnicodeDecodeError:
-        raise Invalid("it is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise Invalid(f"it is not JSON ({err.msg}: line {err.lineno}, column {err.colno})") from None
-    except RecursionError:
-        raise Invalid("it nests deeper than the JSON reader goes") from None
+        return jsonread.read_json(path, "it")  # callers name the file before the reason
+    except jsonread.Unreadable as err:
+        raise Invalid(str(err)) from None
 
 
 def json_type(value: object) -> str:

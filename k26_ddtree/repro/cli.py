@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from k26_ddtree.cli.checks import path_arg
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import source_root
 
@@ -90,8 +91,8 @@ def register(sub) -> None:
             "Write env/snapshots/snapshot-<host>-<UTC time>/ (or --out DIR): one file per item and "
             "index.json with how each was obtained and its status. A missing tool is recorded as "
             "'not available'; GPU items read 'none' on a machine without GPUs."))
-    p.add_argument("--out", type=Path, default=None, help="folder to create (must not exist)")
-    p.add_argument("--root", type=Path, default=None,
+    p.add_argument("--out", type=path_arg, default=None, help="folder to create (must not exist)")
+    p.add_argument("--root", type=path_arg, default=None,
                    help="repository root whose env/snapshots/ receives it (default: this checkout or cwd)")
     p.set_defaults(func=_snapshot)
 
@@ -101,9 +102,9 @@ def register(sub) -> None:
             "Hash patches/, services/, deploy/profiles/, bench/, env/ and REPRODUCE.md under --root into "
             "MANIFEST.sha256 (sha256sum format, sorted relative paths, written atomically). "
             "`sha256sum -c MANIFEST.sha256 --strict` at the root checks it as well as `k26-deploy verify`."))
-    p.add_argument("--root", type=Path, default=None, help="repository root (default: this checkout or cwd)")
-    p.add_argument("--out", type=Path, default=None, help="manifest path (default: ROOT/MANIFEST.sha256)")
-    p.add_argument("--model-dir", type=Path, action="append", default=[],
+    p.add_argument("--root", type=path_arg, default=None, help="repository root (default: this checkout or cwd)")
+    p.add_argument("--out", type=path_arg, default=None, help="manifest path (default: ROOT/MANIFEST.sha256)")
+    p.add_argument("--model-dir", type=path_arg, action="append", default=[],
                    help="drafter/target model folder whose SHA256SUMS and .k26-model.json are copied to "
                         "env/models/<name>/ and recorded (repeatable)")
     p.set_defaults(func=_manifest)
@@ -115,6 +116,6 @@ def register(sub) -> None:
             "'extra:' and 'outside:' lines (extra = a file in a covered folder that the manifest does not "
             "list; outside = a listed file that is a link leaving the root, never checked). "
             "Exit 0 when everything matches, 1 on any mismatch, 2 when the manifest is absent or malformed."))
-    p.add_argument("--root", type=Path, default=None, help="repository root (default: this checkout or cwd)")
-    p.add_argument("--manifest", type=Path, default=None, help="manifest path (default: ROOT/MANIFEST.sha256)")
+    p.add_argument("--root", type=path_arg, default=None, help="repository root (default: this checkout or cwd)")
+    p.add_argument("--manifest", type=path_arg, default=None, help="manifest path (default: ROOT/MANIFEST.sha256)")
     p.set_defaults(func=_verify)

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k26_ddtree.cli.checks import path_arg
 from k26_ddtree.errors import UserError
 from k26_ddtree.repro import host
 
@@ -126,13 +127,13 @@ class Facts:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--venv", type=Path, default=None,
+    parser.add_argument("--venv", type=path_arg, default=None,
                         help="virtual environment to create or complete (default: .venv at the repository root)")
     parser.add_argument("--python", default=None,
                         help="interpreter the venv is created from (default: the one running setup)")
     parser.add_argument("--gpu", choices=("auto", "yes", "no"), default="auto",
                         help="install the GPU stack: auto = when `nvidia-smi -L` lists a GPU (default)")
-    parser.add_argument("--cuda-home", type=Path, default=Path(DEFAULT_CUDA_HOME),
+    parser.add_argument("--cuda-home", type=path_arg, default=Path(DEFAULT_CUDA_HOME),
                         help=f"where the CUDA {CUDA_RELEASE} toolkit is or will be (default: {DEFAULT_CUDA_HOME})")
     parser.add_argument("--cpu-torch-index", default=CPU_TORCH_INDEX,
                         help="index for a CPU-only torch when none is installed (default: %(default)s)")

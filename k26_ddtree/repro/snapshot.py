@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26_ddtree import __version__
+from k26_ddtree import __version__, jsonread
 from k26_ddtree.errors import UserError
 from k26_ddtree.repro import host
 
@@ -117,8 +117,8 @@ def profile_from_unit(unit_text: str) -> dict | None:
     for line in unit_text.splitlines():
         if line.startswith(PROFILE_MARK):
             try:
-                found = json.loads(line[len(PROFILE_MARK):])
-            except json.JSONDecodeError:
+                found = jsonread.parse_json(line[len(PROFILE_MARK):], "the unit's profile line")
+            except jsonread.Unreadable:
                 return None
             return found if isinstance(found, dict) else None
     return None

@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from k26_ddtree import jsonread
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b"K26DDTREE-TRACE 1\n"
@@ -122,7 +124,7 @@ def _header(data: bytes, path: Path) -> tuple[dict, int, int]:
         raise TraceError(f"{path} is not a DDTree trace (it does not start with {MAGIC.strip().decode()!r})")
     end = data.find(b"\n", len(MAGIC))
     try:
-        meta = json.loads(data[len(MAGIC):end])
+        meta = jsonread.parse_json(data[len(MAGIC):end], "the trace header")
         depth = int(meta["depth"])
     except (ValueError, KeyError, TypeError):
         raise TraceError(f"{path}: the trace header is damaged") from None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k26_ddtree.bench.cli import int_list, positive_int
+from k26_ddtree.cli.checks import path_arg
 from k26_ddtree.errors import UserError
 
 if TYPE_CHECKING:
@@ -136,8 +137,8 @@ def register(sub) -> None:
             "for `reconfigure --schedule-file` (not built yet) and a PNG. Predictions, not measurements."
         ),
     )
-    p.add_argument("--trace", type=Path, required=True, help="trace file written by the server")
-    p.add_argument("--costs", type=Path, required=True, metavar="SWEEP.json",
+    p.add_argument("--trace", type=path_arg, required=True, help="trace file written by the server")
+    p.add_argument("--costs", type=path_arg, required=True, metavar="SWEEP.json",
                    help="bench results file (bench sweep over budgets; DFLASH and AR runs too, if any)")
     p.add_argument("--concurrency", type=int_list, metavar="C,C,...",
                    help="concurrencies to plan for, the schedule's buckets (default: those the costs measured)")
@@ -151,7 +152,7 @@ def register(sub) -> None:
                    help="bench contexts whose step times count, averaged (default: every context all runs measured)")
     p.add_argument("--model", metavar="PATH", help="the model the trace must be of (its header's model)")
     p.add_argument("--top", type=positive_int, default=3, metavar="N", help="configs per concurrency in the table (default 3)")
-    p.add_argument("--out", type=Path, help="schedule JSON to write (default ./k26-tune-<UTC time>.json)")
-    p.add_argument("--plot", type=Path, help="PNG to write (default: --out with .png)")
+    p.add_argument("--out", type=path_arg, help="schedule JSON to write (default ./k26-tune-<UTC time>.json)")
+    p.add_argument("--plot", type=path_arg, help="PNG to write (default: --out with .png)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=handle_tune)

@@ -64,3 +64,15 @@ def test_text_prompts_need_no_vocabulary(tmp_path):
     with ModelServer(2048, "/models/not-on-this-machine") as server:
         assert bench(server, tmp_path / "run.json", "--prompt-file", str(corpus)) == 0
     assert server.generate_calls == 3 and server.ids_seen == set()
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json"])
+def test_a_model_file_nested_too_deep_is_one_line_naming_it(tmp_path, capsys, name):
+    folder = write_model_folder(tmp_path / "model", 2048)
+    (folder / name).write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
+    with ModelServer(2048, str(folder)) as server:
+        assert bench(server, tmp_path / "run.json") == 2
+    assert server.generate_calls == 0 and not (tmp_path / "run.json").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"k26-deploy: error: {folder / name} nests deeper than the JSON reader goes: "
+                   "it is read to learn the served model's vocabulary"]
