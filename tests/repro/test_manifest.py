@@ -220,7 +220,7 @@ def test_links_that_leave_the_root_are_never_recorded_or_passed(tree, tmp_path):
     inside = tree / "env" / "alias.sh"
     inside.symlink_to("setup_env.sh")  # a link within the root is an ordinary file of the tree
     assert _manifest(tree).returncode == 0
-    assert f"  env/alias.sh\n" in (tree / manifest.MANIFEST_NAME).read_text()
+    assert "  env/alias.sh\n" in (tree / manifest.MANIFEST_NAME).read_text()
 
     victim = tree / "bench" / "results" / "run-1.json"
     victim.unlink()

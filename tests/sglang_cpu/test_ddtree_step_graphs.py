@@ -15,7 +15,7 @@ from core_cases import draft_inputs, walk_target
 from k26_ddtree.core.budget import max_budget
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
 from k26_ddtree.core.tree import build_ddtree
-from k26_ddtree.core.verify import PackedAcceptance, committed_tokens, verify_greedy
+from k26_ddtree.core.verify import committed_tokens, verify_greedy
 from k26_ddtree.sglang.args import DDTreeConfig
 from k26_ddtree.sglang.draft import DraftHead
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, _BucketGraphs

@@ -14,7 +14,7 @@ import torch
 
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask
 from k26_ddtree.core.tree import DDTree
-from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
+from k26_ddtree.core.verify import verify_greedy
 from k26_ddtree.sglang.step_graphs import StepTree
 
 HERE = Path(__file__).resolve().parent
