@@ -96,19 +96,22 @@ def algorithm_of(server_info: dict) -> str:
     algorithm = str(server_info.get("speculative_algorithm") or "").upper()
     if not algorithm or algorithm == "NONE":
         return "AR"
-    if server_info.get("speculative_ddtree_budget") is not None:
+    if (server_info.get("speculative_ddtree_budget") is not None
+            or server_info.get("speculative_ddtree_budget_schedule") is not None):
         return "DDTREE"
     return algorithm
 
 
 def run_label(server_info: dict, budget, topk) -> str:
-    """Default label: AR, DFLASH or DDTREE b<budget> k<topk>, from the server's own args."""
+    """Default label: AR, DFLASH, DDTREE b<budget> k<topk> or DDTREE schedule <schedule>, from the
+    server's own args."""
     algorithm = algorithm_of(server_info)
     if algorithm == "AR":
         return "AR"
     if budget is not None:
         return f"{algorithm} b{budget}" + (f" k{topk}" if topk is not None else "")
-    return algorithm
+    schedule = server_info.get("speculative_ddtree_budget_schedule")
+    return algorithm if schedule is None else f"{algorithm} schedule {schedule}"
 
 
 def load_results(path: Path) -> dict:

@@ -56,6 +56,7 @@ def _new_run(options: RunOptions, server_info: dict, factory: PromptFactory | No
         "algorithm": algorithm_of(server_info),
         "budget": budget,
         "topk": topk,
+        "schedule": server_info.get("speculative_ddtree_budget_schedule"),
         "git_sha": git_sha(),
         "snapshot_id": options.snapshot_id,
         "model": server_info.get("served_model_name") or server_info.get("model_path"),

@@ -62,14 +62,21 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "reconfigure",
-        help="retune budget/topk: restart, prove ready, or roll back",
-        description="Render the installed unit with a new DDTree budget/topk (or any --set), keep the unit "
+        help="retune budget/topk or the batch-size schedule: restart, prove ready, or roll back",
+        description="Render the installed unit with a new DDTree budget/topk, batch-size schedule (--schedule, "
+        "or --schedule-file from `k26-deploy tune`) or any --set, keep the unit "
         "that last served as last-good, restart, and wait until the NEW main PID answers "
         "/health_generate and a one-request smoke generate. On failure or timeout restore last-good, "
         "restart it, wait for it, and exit 1.",
     )
     p.add_argument("--budget", type=int, help="DDTree node budget (1 <= budget <= sum of topk^d, d < block)")
     p.add_argument("--topk", type=int, help="DDTree children per node (>= 1)")
+    p.add_argument("--schedule", metavar="SCHEDULE",
+                   help="DDTree tree per batch size, e.g. 1:32/8,4:16/4,16:8/4,64:0 (bs:budget/topk from that "
+                   "batch size up; 0 = the DFlash chain); --budget/--topk instead clear it")
+    p.add_argument("--schedule-file", type=checks.path_arg, metavar="PATH",
+                   help="the JSON `k26-deploy tune` wrote: its schedule and the spine it was planned for "
+                   "(a schedule of chains only serves DFLASH)")
     p.add_argument("--profile", help="start from this profile instead of the installed unit's")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile key")
     p.add_argument("--allow-missing-model", action="store_true", help="skip the model/drafter directory check")
@@ -212,13 +219,10 @@ def _reconfigure(args) -> int:
     for key, value in (("budget", args.budget), ("topk", args.topk)):
         if value is not None and value < 1:
             raise UserError(f"speculative.{key} must be >= 1, got {value}")
-    sets = list(args.set)
-    if args.budget is not None:
-        sets.append(f"speculative.budget={args.budget}")
-    if args.topk is not None:
-        sets.append(f"speculative.topk={args.topk}")
+    sets = list(args.set) + _tree_sets(args)
     if not sets and not args.profile:
-        raise UserError("nothing to change: give --budget, --topk, --set KEY=VALUE or --profile")
+        raise UserError("nothing to change: give --budget, --topk, --schedule, --schedule-file, --set KEY=VALUE "
+                        "or --profile")
     if args.profile:
         profile = load_profile(args.profile, sets)
     else:
@@ -226,6 +230,38 @@ def _reconfigure(args) -> int:
         profile = with_sets(profile_from_unit(unit_path.read_text(encoding="utf-8"), str(unit_path)), sets)
     check_model_dirs(profile, args.allow_missing_model)
     return reconfigure(profile, args.unit, state_dir(args.state_dir), args.dry_run, _say)
+
+
+def _tree_sets(args) -> list[str]:
+    """The --set items of --budget/--topk or of a schedule (one of the two)."""
+    from k26_ddtree.core import schedule
+    from k26_ddtree.tune import schedule_file
+
+    if args.schedule is not None and args.schedule_file is not None:
+        raise UserError("give --schedule or --schedule-file, not both")
+    scheduled = args.schedule is not None or args.schedule_file is not None
+    if scheduled and (args.budget is not None or args.topk is not None):
+        raise UserError("a schedule replaces --budget/--topk: give one or the other")
+    sets = []
+    if args.budget is not None:
+        sets.append(f"speculative.budget={args.budget}")
+    if args.topk is not None:
+        sets.append(f"speculative.topk={args.topk}")
+    if sets:
+        return sets + ["speculative.schedule=null"]
+    if args.schedule is not None:
+        try:
+            schedule.parse(args.schedule)
+        except schedule.ScheduleError as err:
+            raise UserError(f"--schedule {args.schedule!r}: {err}") from None
+        return [f"speculative.schedule={args.schedule}"]
+    if args.schedule_file is not None:
+        tuned = schedule_file.read(args.schedule_file)
+        spine = f"speculative.spine={'true' if tuned.spine else 'false'}"
+        if tuned.schedule is None:
+            return ["speculative.algorithm=DFLASH", "speculative.schedule=null"]
+        return [f"speculative.schedule={tuned.schedule}", spine]
+    return []
 
 
 def _status(args) -> int:

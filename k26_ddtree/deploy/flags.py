@@ -50,6 +50,7 @@ SERVER_FLAG_KEYS = {
     "--speculative-dflash-draft-window-size": "speculative.draft_window_size",
     "--speculative-ddtree-budget": "speculative.budget",
     "--speculative-ddtree-topk": "speculative.topk",
+    "--speculative-ddtree-budget-schedule": "speculative.schedule",
     "--speculative-ddtree-spine": "speculative.spine",
     "--speculative-ddtree-trace": "speculative.trace",
     "--speculative-ddtree-trace-max-mb": "speculative.trace_max_mb",
@@ -123,10 +124,13 @@ def keyed_server_flags(profile: Profile) -> list[Flag]:
         ("--speculative-dflash-draft-window-size", str(spec.draft_window_size)),
     ]
     if spec.algorithm == "DDTREE":
-        flags += [
-            ("--speculative-ddtree-budget", str(spec.budget)),
-            ("--speculative-ddtree-topk", str(spec.topk)),
-        ]
+        if spec.schedule is None:
+            flags += [
+                ("--speculative-ddtree-budget", str(spec.budget)),
+                ("--speculative-ddtree-topk", str(spec.topk)),
+            ]
+        else:
+            flags.append(("--speculative-ddtree-budget-schedule", spec.schedule))
         if spec.spine:
             flags.append(("--speculative-ddtree-spine", None))
         if spec.trace is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from k26_ddtree import jsonread
-from k26_ddtree.core import budget
+from k26_ddtree.core import budget, schedule
 from k26_ddtree.deploy import values
 from k26_ddtree.deploy.flags import (
     ROUTER_FLAG_KEYS, ROUTER_POLICIES, SERVER_FLAG_KEYS, extra_args_problem, is_secret_name, keyed_server_flags,
@@ -243,20 +243,17 @@ def _check_speculative(spec: Speculative, bad) -> None:
         raise bad("speculative.trace", "needs speculative.algorithm DDTREE (the server traces DDTree steps only)")
     if spec.trace_max_mb < 1:
         raise bad("speculative.trace_max_mb", f"must be >= 1, got {spec.trace_max_mb}")
-    depth = spec.block_size - 1
-    limit = budget.max_budget(depth, spec.topk)
-    if spec.budget > limit:
-        raise bad(
-            "speculative.budget",
-            f"{spec.budget} is larger than a tree of topk {spec.topk} and block {spec.block_size} "
-            f"can hold (at most {limit} = sum of topk^d for d = 1..block-1)",
-        )
-    if not budget.codes_fit(depth, spec.topk, spec.budget):
-        raise bad(
-            "speculative.topk",
-            f"{spec.topk} is too wide for a tree of {min(depth, spec.budget)} levels "
-            "(the tree builder needs max(topk, 2)^min(block-1, budget) <= 2^30); lower topk or the budget",
-        )
+    problem = budget.tree_problem(spec.block_size - 1, spec.topk, spec.budget)
+    if problem is not None:
+        setting, why = problem
+        raise bad(f"speculative.{setting}", why)
+    if spec.schedule is not None:
+        if spec.algorithm != "DDTREE":
+            raise bad("speculative.schedule", "needs speculative.algorithm DDTREE (a schedule of DDTree trees)")
+        try:
+            schedule.check(schedule.parse(spec.schedule), spec.block_size)
+        except schedule.ScheduleError as err:
+            raise bad("speculative.schedule", f"{spec.schedule!r}: {err}") from None
 
 
 def _locate(ref: str, base_dir: Path) -> Path:

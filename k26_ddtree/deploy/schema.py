@@ -4,8 +4,7 @@ This is the one place the keys are defined. Validation and `--set` parsing
 (k26_ddtree.deploy.values), rendering (flags, units) and the key documentation
 in deploy/profiles/base.yaml (k26_ddtree.deploy.basegen) all read these
 classes; a field is a profile key when it was declared with `key()` or
-`section()`. A new key, or a new section such as a per-batch-size budget
-schedule under `speculative`, is one field here; a type not yet in KINDS also
+`section()`. A new key, or a new section, is one field here; a type not yet in KINDS also
 needs its row there and its checks in values.py. Units rendered before a key
 existed read back with its default.
 """
@@ -59,6 +58,8 @@ class Speculative:
     budget: int = key(8, "DDTree nodes per step, 1 <= budget <= sum(topk^d for d in 1..block_size-1); "
                          "8 won the sweep at C=1 (PCIe and B300)")
     topk: int = key(4, "DDTree children per node, >= 1")
+    schedule: str | None = key(None, "DDTREE only: bs:budget/topk per batch-size bucket, replacing budget/topk, "
+                                     "e.g. \"1:32/8,4:16/4,64:0\" (0: the DFlash chain); from `k26-deploy tune`")
     spine: bool = key(True, "keep the drafter's top-1 chain (never below linear DFlash); b8/k4 without it "
                             "lost to DFLASH (0.99x), with it 1.16-1.66x: bench/results/gpu-session3")
     trace: AbsPath | None = key(None, "DDTREE only: append the drafter's top-8 and the committed tokens per "
@@ -139,7 +140,8 @@ class Profile:
         spec = self.speculative
         if spec.algorithm == "DDTREE":
             spine = "on" if spec.spine else "off"
-            tree = f"budget {spec.budget}, topk {spec.topk}, block {spec.block_size}, spine {spine}"
+            tree = (f"budget {spec.budget}, topk {spec.topk}" if spec.schedule is None else f"schedule {spec.schedule}")
+            tree += f", block {spec.block_size}, spine {spine}"
         else:
             tree = f"linear DFlash, block {spec.block_size}"
         return f"{self.name} ({tree})"

@@ -383,6 +383,7 @@ OPTIONS: tuple[tuple[str, ...], ...] = (
     ("--msprobe-dump-config",),
     ("--speculative-ddtree-budget",),
     ("--speculative-ddtree-topk",),
+    ("--speculative-ddtree-budget-schedule",),
     ("--speculative-ddtree-spine",),
     ("--speculative-ddtree-trace",),
     ("--speculative-ddtree-trace-max-mb",),

@@ -21,6 +21,15 @@ decode-memory check and the req_to_token row width use
 `tokens_per_request_step`, so every budget >= 1 fits, including those whose
 tree is smaller than the block.
 
+A schedule (`--speculative-ddtree-budget-schedule "1:32/8,4:16/4,16:8/4,64:0"`)
+replaces the one budget/topk: each bucket applies from its batch size up to the
+next, `0` is the plain DFlash chain (DFlash's own argmax draft and verify, none
+of DDTree's work). The target's speculative_num_draft_tokens is then the
+largest bucket's token count, which sizes the KV reservation, the req_to_token
+rows and the triton backend; each bucket's verify CUDA graphs hold its own
+count (schedule_graphs.py). DDTreeSchedule is the resolved form; a plain
+budget is a schedule of one bucket.
+
 The server trace (`--speculative-ddtree-trace PATH`, or K26_DDTREE_TRACE when
 the flag is not given; trace.py) is validated here too, at parse time, so a bad
 path fails the launch in one line before any weights load.
@@ -34,7 +43,8 @@ import logging
 import os
 from dataclasses import dataclass
 
-from k26_ddtree.core.budget import codes_fit, max_budget
+from k26_ddtree.core import schedule as schedule_text
+from k26_ddtree.core.budget import tree_problem
 from k26_ddtree.sglang.trace import TraceError, check_appendable
 
 logger = logging.getLogger(__name__)
@@ -66,17 +76,98 @@ class DDTreeConfig:
     spine: bool
     block_size: int
 
+    @property
+    def tokens(self) -> int:
+        """Tokens the target verifies per request: the tree's nodes and its root."""
+        return self.budget + 1
+
+
+@dataclass(frozen=True)
+class ScheduleBucket:
+    """From batch size `min_bs` up to the next bucket's: this DDTree config, or (config None)
+    the plain DFlash chain of `block_size` tokens."""
+
+    min_bs: int
+    config: DDTreeConfig | None
+    block_size: int
+
+    @property
+    def tokens(self) -> int:
+        return self.block_size if self.config is None else self.config.tokens
+
+    @property
+    def token(self) -> str:
+        """As the schedule flag writes it."""
+        return "0" if self.config is None else f"{self.config.budget}/{self.config.topk}"
+
+
+@dataclass(frozen=True)
+class DDTreeSchedule:
+    """The DDTree settings of one server, per batch-size bucket (one bucket without a schedule).
+
+    buckets     sorted by min_bs, the first from batch size 1
+    """
+
+    buckets: tuple[ScheduleBucket, ...]
+
     @classmethod
-    def from_server_args(cls, server_args) -> DDTreeConfig | None:
-        """The config of a validated ServerArgs, or None when DDTree is off."""
+    def from_server_args(cls, server_args) -> DDTreeSchedule | None:
+        """The schedule of a validated ServerArgs, or None when DDTree is off."""
         if not is_ddtree(server_args):
             return None
-        return cls(
-            budget=int(server_args.speculative_ddtree_budget),
-            topk=int(server_args.speculative_ddtree_topk),
-            spine=bool(server_args.speculative_ddtree_spine),
-            block_size=int(server_args.speculative_dflash_block_size),
-        )
+        block = int(server_args.speculative_dflash_block_size)
+        spine = bool(server_args.speculative_ddtree_spine)
+        text = server_args.speculative_ddtree_budget_schedule
+        entries = parse_schedule(text) if text is not None else [
+            schedule_text.Entry(1, int(server_args.speculative_ddtree_budget), int(server_args.speculative_ddtree_topk))
+        ]
+        return cls(tuple(
+            ScheduleBucket(e.min_bs, None if e.chain else DDTreeConfig(e.budget, e.topk, spine, block), block)
+            for e in entries
+        ))
+
+    @property
+    def text(self) -> str:
+        return ",".join(f"{b.min_bs}:{b.token}" for b in self.buckets)
+
+    def describe(self) -> str:
+        """One line for the log: each bucket's batch sizes and what serves them."""
+        parts = []
+        for bucket, end in zip(self.buckets, [b.min_bs - 1 for b in self.buckets[1:]] + [None]):
+            sizes = f"bs {bucket.min_bs}+" if end is None else f"bs {bucket.min_bs}-{end}"
+            what = "DFlash chain" if bucket.config is None else (
+                f"budget {bucket.config.budget} topk {bucket.config.topk} spine {bucket.config.spine}")
+            parts.append(f"{sizes}: {what}")
+        return "; ".join(parts)
+
+    @property
+    def configs(self) -> list[DDTreeConfig]:
+        return [b.config for b in self.buckets if b.config is not None]
+
+    @property
+    def max_tokens(self) -> int:
+        return max(b.tokens for b in self.buckets)
+
+    def index(self, batch_size: int) -> int:
+        """The bucket serving a batch of this size (a batch of 0, an idle one, is the first's)."""
+        return max(i for i, b in enumerate(self.buckets) if b.min_bs <= max(batch_size, 1))
+
+    def bucket(self, batch_size: int) -> ScheduleBucket:
+        return self.buckets[self.index(batch_size)]
+
+    def graph_batch_sizes(self, sizes) -> list[list[int]]:
+        """Per bucket, the CUDA-graph batch sizes it captures from the server's `sizes`, plus the
+        last batch size of every bucket that some larger captured size follows: a batch is padded
+        up to the next captured size, and that size must lie in the batch's own bucket, whose
+        token count its graph holds."""
+        sizes = sorted({int(s) for s in sizes if int(s) > 0})
+        if not sizes:
+            return [[] for _ in self.buckets]
+        ends = [b.min_bs - 1 for b in self.buckets[1:] if b.min_bs - 1 < sizes[-1]]
+        per_bucket: list[list[int]] = [[] for _ in self.buckets]
+        for size in sorted(set(sizes) | set(ends)):
+            per_bucket[self.index(size)].append(size)
+        return per_bucket
 
 
 def add_cli_args(parser) -> None:
@@ -94,6 +185,16 @@ def add_cli_args(parser) -> None:
         type=int,
         default=None,
         help=f"DFLASH with DDTree: candidates per draft position (default {DEFAULT_TOPK}).",
+    )
+    parser.add_argument(
+        "--speculative-ddtree-budget-schedule",
+        type=str,
+        default=None,
+        metavar="SCHEDULE",
+        help="DFLASH with DDTree: the tree per batch size instead of one budget, e.g. "
+        '"1:32/8,4:16/4,16:8/4,64:0": bs:budget/topk, each bucket from that batch size up to the next, the '
+        "first at 1; 0 is the plain DFlash chain. Turns DDTree on; replaces --speculative-ddtree-budget/topk. "
+        "k26-deploy tune writes one from a trace.",
     )
     parser.add_argument(
         "--speculative-ddtree-spine",
@@ -124,7 +225,16 @@ def is_ddtree(server_args) -> bool:
     return (
         server_args.speculative_algorithm == ALGORITHM_SPELLING
         or server_args.speculative_ddtree_budget is not None
+        or server_args.speculative_ddtree_budget_schedule is not None
     )
+
+
+def parse_schedule(text: str) -> list[schedule_text.Entry]:
+    """The schedule flag's buckets (core.schedule.parse), its problems as this flag's errors."""
+    try:
+        return schedule_text.parse(text)
+    except schedule_text.ScheduleError as err:
+        raise DDTreeArgsError(f"--speculative-ddtree-budget-schedule: {err}") from None
 
 
 def normalize_algorithm(server_args) -> None:
@@ -133,10 +243,13 @@ def normalize_algorithm(server_args) -> None:
     resolved one (speculative_num_draft_tokens already budget + 1) resolves the same."""
     if server_args.speculative_algorithm == ALGORITHM_SPELLING:
         server_args.speculative_algorithm = "DFLASH"
-        if server_args.speculative_ddtree_budget is None:
+        if server_args.speculative_ddtree_budget is None and server_args.speculative_ddtree_budget_schedule is None:
             server_args.speculative_ddtree_budget = DEFAULT_BUDGET
             logger.info("--speculative-algorithm DDTREE without a budget: using budget %d.", DEFAULT_BUDGET)
 
+    if server_args.speculative_ddtree_budget_schedule is not None:
+        _normalize_schedule(server_args)
+        return
     budget = server_args.speculative_ddtree_budget
     if budget is None:
         if server_args.speculative_ddtree_topk is not None or server_args.speculative_ddtree_spine:
@@ -151,11 +264,7 @@ def normalize_algorithm(server_args) -> None:
             )
         return
 
-    if server_args.speculative_algorithm != "DFLASH":
-        raise DDTreeArgsError(
-            "--speculative-ddtree-budget needs --speculative-algorithm DFLASH (or DDTREE), "
-            f"got {server_args.speculative_algorithm!r}"
-        )
+    _check_dflash(server_args, "--speculative-ddtree-budget")
     if server_args.speculative_ddtree_topk is None:
         server_args.speculative_ddtree_topk = DEFAULT_TOPK
     if int(budget) < 1:
@@ -175,29 +284,56 @@ def normalize_algorithm(server_args) -> None:
         server_args.speculative_num_draft_tokens = None
 
 
+def _normalize_schedule(server_args) -> None:
+    if server_args.speculative_ddtree_budget is not None or server_args.speculative_ddtree_topk is not None:
+        raise DDTreeArgsError(
+            "--speculative-ddtree-budget-schedule replaces --speculative-ddtree-budget and "
+            "--speculative-ddtree-topk: give the schedule alone"
+        )
+    _check_dflash(server_args, "--speculative-ddtree-budget-schedule")
+    entries = parse_schedule(server_args.speculative_ddtree_budget_schedule)
+    if schedule_text.only_chains(entries):
+        raise DDTreeArgsError(
+            "--speculative-ddtree-budget-schedule: every bucket is the chain, which is linear DFLASH: drop the flag"
+        )
+    num_draft_tokens = server_args.speculative_num_draft_tokens
+    if num_draft_tokens is None:
+        return
+    # A ServerArgs rebuilt from a resolved one carries the derived count; anything else is the user's.
+    block = server_args.speculative_dflash_block_size
+    derived = None if block is None else max(int(block) if e.chain else e.budget + 1 for e in entries)
+    if derived is None or int(num_draft_tokens) != derived:
+        raise DDTreeArgsError(
+            "with a DDTree schedule the target's --speculative-num-draft-tokens is derived from it; "
+            "set the drafter's block with --speculative-dflash-block-size"
+        )
+    server_args.speculative_num_draft_tokens = None
+
+
+def _check_dflash(server_args, flag: str) -> None:
+    if server_args.speculative_algorithm != "DFLASH":
+        raise DDTreeArgsError(
+            f"{flag} needs --speculative-algorithm DFLASH (or DDTREE), got {server_args.speculative_algorithm!r}"
+        )
+
+
 def finalize(server_args) -> None:
     """Last step of the DFLASH branch of _handle_speculative_decoding, once the block
     size is resolved into speculative_num_draft_tokens: validate, then split."""
     if not is_ddtree(server_args):
         return
     block_size = int(server_args.speculative_num_draft_tokens)
-    budget = int(server_args.speculative_ddtree_budget)
-    topk = int(server_args.speculative_ddtree_topk)
     if block_size < 2:
         raise DDTreeArgsError(f"DDTree needs a DFLASH block size >= 2 (one draft position), got {block_size}")
-    limit = max_budget(block_size - 1, topk)
-    if budget > limit:
-        raise DDTreeArgsError(
-            f"--speculative-ddtree-budget {budget} is larger than the {limit} distinct draft prefixes "
-            f"of topk {topk} over {block_size - 1} draft positions (block size {block_size}); "
-            "lower the budget or raise --speculative-ddtree-topk"
-        )
-    if not codes_fit(block_size - 1, topk, budget):
-        raise DDTreeArgsError(
-            f"--speculative-ddtree-topk {topk} is too wide for a tree of {min(block_size - 1, budget)} levels "
-            "(the tree builder needs max(topk, 2)^min(block size - 1, budget) <= 2^30); "
-            "lower the topk or the budget"
-        )
+    server_args.speculative_dflash_block_size = block_size
+    schedule = DDTreeSchedule.from_server_args(server_args)
+    if server_args.speculative_ddtree_budget_schedule is None:
+        check_tree(schedule.configs[0])
+    else:
+        try:
+            schedule_text.check(parse_schedule(server_args.speculative_ddtree_budget_schedule), block_size)
+        except schedule_text.ScheduleError as err:
+            raise DDTreeArgsError(f"--speculative-ddtree-budget-schedule: {err}") from None
     backends = {b for b in server_args.get_attention_backends() if b is not None}
     if backends != {SUPPORTED_ATTENTION_BACKEND}:
         raise DDTreeArgsError(
@@ -209,16 +345,23 @@ def finalize(server_args) -> None:
             f"DDTree keeps the accepted tree path's KV slots, which needs --page-size 1 (got {server_args.page_size})"
         )
     resolve_trace(server_args, depth=block_size - 1)
-    server_args.speculative_dflash_block_size = block_size
-    server_args.speculative_num_draft_tokens = budget + 1
+    server_args.speculative_num_draft_tokens = schedule.max_tokens
     logger.info(
-        "DDTree on: budget %d, topk %d, spine %s, block %d; the target verifies %d tokens per request.",
-        budget,
-        topk,
+        "DDTree on: %s, spine %s, block %d; the target verifies up to %d tokens per request.",
+        schedule.text if server_args.speculative_ddtree_budget_schedule is not None
+        else f"budget {schedule.configs[0].budget}, topk {schedule.configs[0].topk}",
         bool(server_args.speculative_ddtree_spine),
         block_size,
-        budget + 1,
+        schedule.max_tokens,
     )
+
+
+def check_tree(config: DDTreeConfig) -> None:
+    """A budget and topk (their flags) the tree builder can serve at this block size."""
+    problem = tree_problem(config.block_size - 1, config.topk, config.budget)
+    if problem is not None:
+        setting, why = problem
+        raise DDTreeArgsError(f"--speculative-ddtree-{setting} {why}")
 
 
 def resolve_trace(server_args, depth: int) -> None:
@@ -285,6 +428,14 @@ def check_target_runner(model_runner, vocab_size: int, topk: int) -> None:
         raise DDTreeArgsError(f"--speculative-ddtree-topk {topk} exceeds the vocabulary size {vocab_size}")
 
 
+def max_tree_tokens(server_args) -> int:
+    """The largest tree's token count (budget + 1), before finalize resolves the block size."""
+    text = server_args.speculative_ddtree_budget_schedule
+    if text is None:
+        return int(server_args.speculative_ddtree_budget) + 1
+    return max(entry.budget for entry in parse_schedule(text)) + 1
+
+
 def verify_reserved_mem_mb(server_args, vocab_size: int, context_len: int) -> float:
     """GPU memory (MB) that grows with the budget, for the static-memory estimate.
 
@@ -294,7 +445,7 @@ def verify_reserved_mem_mb(server_args, vocab_size: int, context_len: int) -> fl
     one context length per token (its other graph buffers are per request for
     DFlash runners, see buffers.py).
     """
-    num_nodes = int(server_args.speculative_ddtree_budget) + 1
+    num_nodes = max_tree_tokens(server_args)
     graph_bs = 0 if server_args.disable_cuda_graph else int(server_args.cuda_graph_max_bs or 0)
     running = int(server_args.max_running_requests or 48)
     logits_row = 4 * int(vocab_size)

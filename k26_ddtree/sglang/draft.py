@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from k26_ddtree.sglang.args import DDTreeConfig
+from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
 from k26_ddtree.sglang.trace import TOPK as TRACE_TOPK
 from k26_ddtree.sglang.trace import StepDraft, TraceWriter
@@ -200,22 +200,19 @@ class DDTreeDrafter:
         self.trace = trace
 
     @classmethod
-    def for_worker(cls, config: DDTreeConfig, server_args: ServerArgs, lm_head, tp_group,
-                   device: torch.device | str, tp_rank: int) -> DDTreeDrafter:
-        """Built at worker start-up: every step graph is captured here, none in a step; TP rank 0
-        opens the trace file when the server traces."""
-        head = DraftHead.of(lm_head, tp_group)
-        hook = topk_hook_from_env()
+    def for_bucket(cls, config: DDTreeConfig, head: DraftHead, batch_sizes: list[int], server_args: ServerArgs,
+                   device: torch.device | str, hook: TopKHook | None, trace: TraceWriter | None) -> DDTreeDrafter:
+        """One schedule bucket's drafter, its step graphs captured now (at worker start-up) for
+        `batch_sizes`, none in a step."""
         traced = server_args.speculative_ddtree_trace is not None
         # The graph can own the top-K only where it needs no collective, nothing rewrites it and
         # the trace needs no wider top-K than the tree's.
         graph_head = head if head.tp_size == 1 and hook is None and not traced else None
-        graphs = StepGraphs.for_server(config, server_args, device, graph_head)
+        graphs = StepGraphs(config, batch_sizes, graph_head, device, max_batch=server_args.max_running_requests)
         graphs.capture()
         if not traced:
             return cls(config, head, graphs, hook)
-        writer = TraceWriter.for_server(server_args) if tp_rank == 0 else None
-        return cls(config, head, graphs, hook, max(TRACE_TOPK, config.topk), writer)
+        return cls(config, head, graphs, hook, max(TRACE_TOPK, config.topk), trace)
 
     def draft(self, verified_id: torch.Tensor, draft_hidden: torch.Tensor, batch: ScheduleBatch) -> StepTree:
         """This step's tree, ancestor mask and positions.
@@ -245,3 +242,37 @@ class DDTreeDrafter:
         if self.topk_hook is not None:
             tokens, logprobs = self.topk_hook(batch.reqs, tokens, logprobs)
         return self.graphs.draft(verified_id, tokens, logprobs, batch.seq_lens)
+
+
+class DDTreeDrafters:
+    """One worker's drafters: per bucket of its schedule, a DDTreeDrafter, or None for the
+    plain DFlash chain (the worker's own argmax draft).
+
+    topk_hook   the test-only top-K rewrite every drafter applies, or None
+    """
+
+    def __init__(self, schedule: DDTreeSchedule, drafters: list[DDTreeDrafter | None], topk_hook: TopKHook | None):
+        self.schedule = schedule
+        self.drafters = drafters
+        self.topk_hook = topk_hook
+
+    @classmethod
+    def for_worker(cls, schedule: DDTreeSchedule, server_args: ServerArgs, lm_head, tp_group,
+                   device: torch.device | str, tp_rank: int) -> DDTreeDrafters:
+        """Built at worker start-up; TP rank 0 opens the trace file when the server traces
+        (one writer for every bucket)."""
+        head = DraftHead.of(lm_head, tp_group)
+        hook = topk_hook_from_env()
+        traced = server_args.speculative_ddtree_trace is not None
+        trace = TraceWriter.for_server(server_args) if traced and tp_rank == 0 else None
+        sizes = schedule.graph_batch_sizes(StepGraphs.server_batch_sizes(server_args, device))
+        drafters = [
+            None if bucket.config is None
+            else DDTreeDrafter.for_bucket(bucket.config, head, bucket_sizes, server_args, device, hook, trace)
+            for bucket, bucket_sizes in zip(schedule.buckets, sizes)
+        ]
+        return cls(schedule, drafters, hook)
+
+    def for_batch(self, batch_size: int) -> DDTreeDrafter | None:
+        """The drafter of the bucket serving a batch of this size; None: the DFlash chain."""
+        return self.drafters[self.schedule.index(batch_size)]

@@ -2,10 +2,12 @@
 
 A CUDA graph and the triton backend's graph buffers are sized for one number
 of tokens per request (the target: budget + 1 with DDTree, the block for
-linear DFLASH; the draft: the block). Replaying with another count reads and
+linear DFLASH, one runner and backend per count under a schedule; the draft:
+the block). Replaying with another count reads and
 writes past rows that belong to other requests or to other graphs' memory in
 the shared pool, which shows up much later as garbage text, illegal addresses
-or CUBLAS errors. Eager mode is no escape: the backend's own count is the same.
+or CUBLAS errors. Eager verify builds its metadata per step from the input's
+own count, up to the largest the server was sized for.
 So a mismatch is a configuration bug and stops the step here, naming both numbers.
 The guards look only at DFlash verify inputs (linear or DDTree); other
 speculative algorithms keep their own conventions.
@@ -53,6 +55,22 @@ def check_backend_tokens(where: str, num_draft_tokens, spec_info) -> None:
             f"but the verify input has {spec_tokens}; the target's speculative_num_draft_tokens must be "
             "budget + 1 and the draft worker's the block size"
         )
+
+
+def eager_verify_tokens(num_draft_tokens, spec_info) -> int:
+    """TritonAttnBackend eager TARGET_VERIFY: the verify input's own count for a DFlash input (a
+    DDTree schedule's buckets verify different counts; eager metadata is built per step), which
+    must fit the largest count the server was sized for (num_draft_tokens); else the backend's."""
+    spec_tokens = getattr(spec_info, "draft_token_num", None) if _is_dflash_verify(spec_info) else None
+    if spec_tokens is None or num_draft_tokens is None:
+        return num_draft_tokens
+    if int(spec_tokens) > int(num_draft_tokens):
+        raise VerifyShapeError(
+            f"triton attention (eager verify) is sized for at most {num_draft_tokens} verify tokens per "
+            f"request, but the verify input has {spec_tokens}; the target's speculative_num_draft_tokens "
+            "must be the largest bucket's count"
+        )
+    return int(spec_tokens)
 
 
 def check_replay_mask(captured_with_mask, spec_info) -> None:

@@ -222,17 +222,18 @@ class StepGraphs:
         """How many buckets have their graphs."""
         return len(self._graphs)
 
-    @classmethod
-    def for_server(cls, config: DDTreeConfig, server_args, device, head=None) -> StepGraphs:
-        """Graphs where SGLang replays its own: CUDA, graphs on, its --cuda-graph-bs (filled in by
-        ServerArgs), up to the first that holds --max-running-requests (DFLASH always sets it)."""
-        cap = server_args.max_running_requests
+    @staticmethod
+    def server_batch_sizes(server_args, device) -> list[int]:
+        """The batch sizes to capture where SGLang replays its own graphs: CUDA, graphs on, its
+        --cuda-graph-bs (filled in by ServerArgs), up to the first that holds
+        --max-running-requests (DFLASH always sets it); none otherwise."""
         if torch.device(device).type != "cuda" or server_args.disable_cuda_graph:
-            return cls(config, [], head, device, max_batch=cap)
-        buckets = sorted(server_args.cuda_graph_bs or [int(server_args.cuda_graph_max_bs or 0)])
+            return []
+        sizes = sorted(server_args.cuda_graph_bs or [int(server_args.cuda_graph_max_bs or 0)])
+        cap = server_args.max_running_requests
         if cap:
-            buckets = [b for b in buckets if b < cap] + [b for b in buckets if b >= cap][:1]
-        return cls(config, buckets, head, device, max_batch=cap)
+            sizes = [b for b in sizes if b < cap] + [b for b in sizes if b >= cap][:1]
+        return sizes
 
     def capture(self) -> None:
         """Capture every bucket now (at start-up) rather than on first use. Without buckets

@@ -8,8 +8,8 @@ every tree shape without serving any of them.
 File layout (version 1), little-endian, append-only:
 
     b"K26DDTREE-TRACE 1\n"
-    one line of JSON: {"depth": D, "topk": 8, "model": ..., "drafter": ..., "budget": ...,
-                       "topk_served": ..., "spine": ..., "block_size": ..., "started": ISO time}
+    one line of JSON: {"depth": D, "topk": 8, "model": ..., "drafter": ...,
+                       "served": "1:budget/topk" or the schedule, "spine": ..., "block_size": ..., "started": ISO time}
     records of record_size(D) bytes each (_record_dtype, which writes and reads them):
         request   u64    hash of the request id (steps of one request share it)
         step      u32    the request's decode step, from 0
@@ -191,6 +191,14 @@ def check_appendable(path: Path, depth: int) -> None:
                          "refusing to append to it")
 
 
+def served_text(server_args) -> str:
+    """What the server serves: its schedule, or its one budget/topk written as a schedule."""
+    schedule = server_args.speculative_ddtree_budget_schedule
+    if schedule is not None:
+        return str(schedule)
+    return f"1:{int(server_args.speculative_ddtree_budget)}/{int(server_args.speculative_ddtree_topk)}"
+
+
 def server_meta(server_args) -> dict:
     """The header of a validated ServerArgs' trace (DDTree on, block size split off)."""
     block_size = int(server_args.speculative_dflash_block_size)
@@ -199,8 +207,7 @@ def server_meta(server_args) -> dict:
         "topk": TOPK,
         "model": server_args.model_path,
         "drafter": server_args.speculative_draft_model_path,
-        "budget": int(server_args.speculative_ddtree_budget),
-        "topk_served": int(server_args.speculative_ddtree_topk),
+        "served": served_text(server_args),
         "spine": bool(server_args.speculative_ddtree_spine),
         "block_size": block_size,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -120,7 +120,8 @@ def handle_tune(args) -> int:
     out = args.out or Path(f"k26-tune-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json")
     plot = args.plot or out.with_suffix(".png")
     _write(out, plot, outcome)
-    print(f"tune: schedule file {out}, plot {plot}", file=sys.stderr)
+    print(f"tune: schedule file {out}, plot {plot}; serve it: sudo k26-deploy reconfigure --schedule-file {out}",
+          file=sys.stderr)
     return 0
 
 
@@ -133,8 +134,8 @@ def register(sub) -> None:
             "topk 1..8, spine off/on) for its exact greedy acceptance per step, take step times per "
             "(concurrency, budget) from a `k26-deploy bench sweep` results file, and predict tok/s = C x "
             "acceptance / step time. Prints config x concurrency (acceptance, step ms, tok/s), the best "
-            "config per C with the reconfigure command that serves it today, and writes the schedule JSON "
-            "for `reconfigure --schedule-file` (not built yet) and a PNG. Predictions, not measurements."
+            "config per C with the reconfigure command that serves it alone, and writes the schedule JSON "
+            "that `k26-deploy reconfigure --schedule-file` serves, and a PNG. Predictions, not measurements."
         ),
     )
     p.add_argument("--trace", type=path_arg, required=True, help="trace file written by the server")

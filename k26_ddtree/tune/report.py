@@ -12,10 +12,9 @@ from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.costs import Costs
 from k26_ddtree.tune.estimate import Replay, chain
 from k26_ddtree.tune.predict import Config, Plan, Prediction, shares
+from k26_ddtree.tune.schedule_file import SCHEMA
 
-SCHEMA = "k26-ddtree-tune/1"
-TODAY = ("today `k26-deploy reconfigure --budget B --topk K` serves one config at every batch size; "
-         "the per-batch-size schedule needs `reconfigure --schedule-file`, which is not built yet")
+SERVE_SCHEDULE = "sudo k26-deploy reconfigure --schedule-file FILE"
 
 
 @dataclass(frozen=True)
@@ -82,14 +81,14 @@ def _spine_line(o: Outcome) -> str:
 
 
 def summary(o: Outcome) -> str:
-    lines = [f"Best config per concurrency ({TODAY}):"]
+    lines = ["Best config per concurrency (each command serves that one config at every batch size):"]
     for c in sorted(o.chosen.ranked):
         best, second = o.chosen.best(c), o.chosen.runner_up(c)
         runner = f", runner-up {second.config.name} {second.tok_s:.1f} tok/s" if second else ""
         lines.append(f"  C={c}: {best.config.name} {best.tok_s:.1f} tok/s{runner}")
         lines.append(f"        {best.config.reconfigure()}")
     lines.append(_spine_line(o))
-    lines.append(f"Schedule (for `reconfigure --schedule-file`, not built yet): {o.chosen.schedule()}")
+    lines.append(f"Schedule: {o.chosen.schedule()} (every bucket its best config: `{SERVE_SCHEDULE}`)")
     return "\n".join(lines) + "\n"
 
 
@@ -123,7 +122,8 @@ def _plan_doc(p: Plan, share: float) -> dict:
 
 
 def document(o: Outcome) -> dict:
-    """The schedule file: what a future `reconfigure --schedule-file` takes, with the table and provenance."""
+    """The schedule file (`reconfigure --schedule-file` reads "schedule" and "spine",
+    tune/schedule_file.py), with the table and provenance."""
     levels = sorted(o.chosen.ranked)
     plans = [o.chosen, *o.others]
     predictions: dict[Config, dict] = {}
@@ -135,7 +135,7 @@ def document(o: Outcome) -> dict:
         "schema": SCHEMA,
         "schedule": o.chosen.schedule(),
         "spine": o.chosen.spine,
-        "applies_with": f"reconfigure --schedule-file; {TODAY}",
+        "applies_with": SERVE_SCHEDULE,
         "buckets": [{"from_batch_size": start, **_config(config), "won_at_concurrency": won}
                     for start, config, won in o.chosen.buckets()],
         "per_concurrency": [{"concurrency": c, "best": _prediction(o.chosen.best(c)),

@@ -108,6 +108,8 @@ def test_a_ddtree_server_is_labelled_ddtree_though_it_reports_dflash():
     info = {"speculative_algorithm": "DFLASH", "speculative_ddtree_budget": 8, "speculative_ddtree_topk": 4}
     assert algorithm_of(info) == "DDTREE"
     assert run_label(info, 8, 4) == "DDTREE b8 k4"
+    scheduled = {"speculative_algorithm": "DFLASH", "speculative_ddtree_budget_schedule": "1:16/4,8:0"}
+    assert algorithm_of(scheduled) == "DDTREE" and run_label(scheduled, None, None) == "DDTREE schedule 1:16/4,8:0"
     assert algorithm_of({"speculative_algorithm": "DFLASH"}) == "DFLASH"
     assert algorithm_of({"speculative_algorithm": None}) == "AR"
 

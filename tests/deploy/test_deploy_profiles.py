@@ -62,9 +62,9 @@ def test_budget_range_follows_topk_and_block():
     assert max_budget(7, 4) == sum(4**d for d in range(1, 8)) == 21844
     assert max_budget(7, 1) == 7
     assert load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=7"]).speculative.budget == 7
-    with pytest.raises(UserError, match=r"at most 7"):
+    with pytest.raises(UserError, match=r"larger than the 7 distinct"):
         load_profile("pcie-ep8", ["speculative.topk=1", "speculative.budget=8"])
-    with pytest.raises(UserError, match=r"at most 6 "):
+    with pytest.raises(UserError, match=r"larger than the 6 distinct"):
         load_profile("pcie-ep8", ["speculative.topk=2", "speculative.block_size=3", "speculative.budget=7"])
     # In range, but 21 ranks over 7 levels do not fit the tree builder's 31-bit path codes.
     with pytest.raises(UserError, match=r"speculative.topk 21 is too wide for a tree of 7 levels"):
@@ -77,7 +77,7 @@ def test_budget_range_follows_topk_and_block():
         (["--profile", "pcie-ep9"], "unknown profile 'pcie-ep9'; shipped profiles: nvlink-tp8-nvls, pcie-ep4-tp2, pcie-ep8"),
         (["--profile", "pcie-ep8", "--set", "speculative.budget=0"], "speculative.budget must be >= 1, got 0"),
         (["--profile", "pcie-ep8", "--set", "speculative.topk=0"], "speculative.topk must be >= 1, got 0"),
-        (["--profile", "pcie-ep8", "--set", "speculative.budget=21845"], "at most 21844"),
+        (["--profile", "pcie-ep8", "--set", "speculative.budget=21845"], "larger than the 21844 distinct"),
         (["--profile", "pcie-ep8", "--set", "speculative.budget=many"], "must be an integer, got 'many'"),
         (["--profile", "pcie-ep8", "--set", "speculative.bugdet=4"], "unknown key (did you mean speculative.budget?)"),
         (["--profile", "pcie-ep8", "--set", "budget"], "expected KEY=VALUE"),
@@ -207,3 +207,68 @@ def test_argparse_mistakes_are_one_line_in_the_same_form():
                        "(see `k26-deploy reconfigure --help`)")
     assert "the following arguments are required: --profile" in one_line_error(k26("render"))
     assert "invalid choice: 'rendr'" in one_line_error(k26("rendr"))
+
+
+def test_a_schedule_replaces_budget_and_topk_in_the_unit():
+    proc = k26(*RENDER, "--profile", "pcie-ep8", "--set", "speculative.schedule=1:32/8,4:16/4,16:8/4,64:0")
+    assert proc.returncode == 0, proc.stderr
+    assert "--speculative-ddtree-budget-schedule 1:32/8,4:16/4,16:8/4,64:0" in proc.stdout
+    assert "--speculative-ddtree-budget " not in proc.stdout and "--speculative-ddtree-topk" not in proc.stdout
+    profile = with_sets(load_profile("pcie-ep8"), ["speculative.schedule=1:8/4,16:0"])
+    assert profile.summary() == "pcie-ep8 (schedule 1:8/4,16:0, block 8, spine on)"
+
+
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        (["speculative.schedule=2:8/4"], "speculative.schedule '2:8/4': the first bucket must start at batch size 1"),
+        (["speculative.schedule=1:8/4,8:16/4,4:0"], "bucket batch sizes must increase, got 1, 8, 4"),
+        (["speculative.schedule=1:8/1"], "bucket 1:8/1: budget 8 is larger than the 7 distinct"),
+        (["speculative.schedule=1:8/4,4:16"], "'4:16' is not bs:budget/topk or bs:0"),
+        (["speculative.schedule=1:0,8:0"], "every bucket is the chain"),
+        (["speculative.schedule=1:8/4", "speculative.algorithm=DFLASH"], "needs speculative.algorithm DDTREE"),
+    ],
+)
+def test_bad_schedules_are_one_line_errors(sets, expected):
+    args = [word for item in sets for word in ("--set", item)]
+    assert expected in one_line_error(k26(*RENDER, "--profile", "pcie-ep8", *args))
+
+
+def _tune_file(tmp_path, text):
+    path = tmp_path / "tuned.json"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--schedule", "1:8/4,4:"], "--schedule '1:8/4,4:': '4:' is not bs:budget/topk or bs:0"),
+        (["--schedule", "1:8/4", "--budget", "8"], "a schedule replaces --budget/--topk"),
+        (["--schedule", "1:8/4", "--schedule-file", "x.json"], "give --schedule or --schedule-file, not both"),
+        (["--schedule-file", "/nonexistent/tuned.json"], "does not exist (k26-deploy tune writes one)"),
+    ],
+)
+def test_reconfigure_rejects_a_bad_schedule_before_touching_systemd(args, expected):
+    assert expected in one_line_error(k26("reconfigure", *args, "--dry-run"))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", "is not JSON"),
+        ('{"schema": "k26-ddtree-tune/1", "schedule": "1:8/4", "spi', "is not JSON"),
+        ('{"schedule": "1:8/4", "spine": true}', "is not a k26-deploy tune schedule file"),
+        ('{"schema": "k26-ddtree-tune/1", "schedule": 8, "spine": true}', '"schedule" must be a string'),
+        ('{"schema": "k26-ddtree-tune/1", "schedule": "0:8/4", "spine": true}', "must start at batch size 1"),
+    ],
+)
+def test_reconfigure_rejects_a_bad_schedule_file_in_one_line(tmp_path, text, expected):
+    assert expected in one_line_error(k26("reconfigure", "--schedule-file", _tune_file(tmp_path, text), "--dry-run"))
+
+
+def test_schedule_file_of_chains_only_serves_dflash(tmp_path):
+    from k26_ddtree.tune import schedule_file
+
+    path = _tune_file(tmp_path, '{"schema": "k26-ddtree-tune/1", "schedule": "1:0", "spine": false}')
+    assert schedule_file.read(Path(path)) == schedule_file.ScheduleFile(None, False)

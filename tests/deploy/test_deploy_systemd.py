@@ -148,6 +148,23 @@ def test_install_start_reconfigure_and_rollback(systemd_ns, scratch):
     code, info = _get(url, "/server_info")
     assert code == 200 and info["speculative_ddtree_budget"] == 16 and info["pid"] == main_pid()
 
+    # tune's schedule file: its schedule and its spine replace budget/topk; --budget brings them back.
+    tuned = scratch / "tuned.json"
+    tuned.write_text(json.dumps({"schema": "k26-ddtree-tune/1", "schedule": "1:16/4,8:8/4,32:0", "spine": False,
+                                 "buckets": []}))
+    scheduled = k26("reconfigure", "--schedule-file", str(tuned), "--allow-missing-model")
+    assert scheduled.returncode == 0, explain(scheduled)
+    assert "(schedule 1:16/4,8:8/4,32:0, block 8, spine off)" in scheduled.stdout, explain(scheduled)
+    code, info = _get(url, "/server_info")
+    assert code == 200 and info["pid"] == main_pid()
+    argv = info["argv"]
+    assert argv[argv.index("--speculative-ddtree-budget-schedule") + 1] == "1:16/4,8:8/4,32:0"
+    assert "--speculative-ddtree-budget" not in argv and "--speculative-ddtree-spine" not in argv
+    restored = k26("reconfigure", "--budget", "16", "--set", "speculative.spine=true", "--allow-missing-model")
+    assert restored.returncode == 0, explain(restored)
+    argv = _get(url, "/server_info")[1]["argv"]
+    assert "--speculative-ddtree-budget-schedule" not in argv and "--speculative-ddtree-spine" in argv
+
     status = k26("status")
     assert status.returncode == 0, explain(status)
     assert "budget 16, topk 4" in status.stdout and f"{main_pid()}" in status.stdout

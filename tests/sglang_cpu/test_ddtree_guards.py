@@ -126,6 +126,35 @@ def test_triton_eager_verify_refuses_a_mismatch(patched_sglang):
         backend.init_forward_metadata(forward_batch)
 
 
+def test_triton_eager_verify_builds_its_metadata_for_the_inputs_own_count(patched_sglang, monkeypatch):
+    """A DDTree schedule's smaller bucket (5 tokens) on a backend sized for its largest (9)."""
+    from sglang.srt.layers.attention import triton_backend as module
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    def kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, _, out, stride):
+        for b, (row, length) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+            out[int(kv_indptr[b]) : int(kv_indptr[b]) + length] = req_to_token[row, :length]
+
+    monkeypatch.setattr(module, "create_flashinfer_kv_indices_triton", {(2,): kv_indices})  # grid -> kernel
+    backend = triton_backend(9, None)
+    backend.device = "cpu"
+    backend.kv_indptr = torch.zeros(8, dtype=torch.int32)
+    backend.mask_indptr = torch.zeros(8, dtype=torch.int64)
+    backend.req_to_token = torch.arange(64, dtype=torch.int32).view(4, 16)
+    backend.sliding_window_size = None
+    backend.window_kv_indptr = None
+    seq_lens = torch.tensor([3, 6])
+    forward_batch = SimpleNamespace(
+        batch_size=2, spec_info=dflash_verify(5, custom_mask=torch.ones(1, dtype=torch.bool)),
+        forward_mode=ForwardMode.TARGET_VERIFY, req_pool_indices=torch.tensor([1, 2]), seq_lens=seq_lens,
+    )
+    backend.init_forward_metadata(forward_batch)
+    meta = backend.forward_metadata
+    assert meta.qo_indptr.tolist() == [0, 5, 10] and meta.max_extend_len == 5
+    assert meta.mask_indptr.tolist() == [0, 5 * (3 + 5), 5 * (3 + 5) + 5 * (6 + 5)]
+    assert meta.kv_indices.tolist() == [16, 17, 18, 32, 33, 34, 35, 36, 37]
+
+
 def test_guards_ignore_other_algorithms():
     from k26_ddtree.sglang.guards import check_backend_tokens, check_replay_mask
 

@@ -10,14 +10,15 @@ import pytest
 from server_args_support import cli, parse
 
 def test_flags_turn_ddtree_on_and_split_target_from_draft(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeConfig, apply_to_draft_args, draft_block_size
+    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule, apply_to_draft_args, draft_block_size
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk", "8"))
     assert args.speculative_algorithm == "DFLASH"
     assert args.speculative_num_draft_tokens == 17
     assert args.speculative_dflash_block_size == 8
-    assert DDTreeConfig.from_server_args(args) == DDTreeConfig(budget=16, topk=8, spine=False, block_size=8)
+    (bucket,) = DDTreeSchedule.from_server_args(args).buckets
+    assert bucket.config == DDTreeConfig(budget=16, topk=8, spine=False, block_size=8) and bucket.min_bs == 1
     assert draft_block_size(args) == 8
 
     draft_args = copy.deepcopy(args)
@@ -36,12 +37,12 @@ def test_ddtree_spelling_means_dflash_with_defaults(patched_sglang, models):
 
 
 def test_linear_dflash_is_untouched(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeConfig, draft_block_size
+    from k26_ddtree.sglang.args import DDTreeSchedule, draft_block_size
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
     assert args.speculative_num_draft_tokens == 8
     assert args.speculative_ddtree_budget is None
-    assert DDTreeConfig.from_server_args(args) is None
+    assert DDTreeSchedule.from_server_args(args) is None
     assert draft_block_size(args) == 8
 
 

@@ -185,7 +185,7 @@ def server_args(disable_cuda_graph=False, cuda_graph_bs=(1, 2, 4, 8, 16, 24, 32)
 )
 def test_graphs_only_where_sglang_replays_its_own(args, device, buckets):
     """SGLang's own buckets, up to the first that holds the largest batch the server runs."""
-    assert StepGraphs.for_server(config(8, 4), args, device).buckets == buckets
+    assert StepGraphs.server_batch_sizes(args, device) == buckets
 
 
 def test_buckets_are_sorted_and_deduplicated():

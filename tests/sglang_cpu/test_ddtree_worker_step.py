@@ -70,14 +70,23 @@ def server_args(config, trace=None, max_mb=1024):
         speculative_ddtree_budget=config.budget, speculative_ddtree_topk=config.topk,
         speculative_ddtree_spine=config.spine, speculative_dflash_block_size=config.block_size,
         speculative_ddtree_trace=trace, speculative_ddtree_trace_max_mb=max_mb,
+        speculative_ddtree_budget_schedule=None,
     )
 
 
-def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_graph=True, trace=None):
-    """head_in_graph: the drafter as the worker builds it (DDTreeDrafter.for_worker, tracing to `trace`
-    when given); False: a drafter whose graphs start from the top-K, as under TP."""
+def one_bucket(config):
+    from k26_ddtree.sglang.args import DDTreeSchedule, ScheduleBucket
+
+    return DDTreeSchedule((ScheduleBucket(1, config, config.block_size),))
+
+
+def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_graph=True, trace=None,
+                schedule=None):
+    """head_in_graph: the drafters as the worker builds them (DDTreeDrafters.for_worker, tracing to
+    `trace` when given); False: a drafter whose graphs start from the top-K, as under TP. `schedule`
+    replaces the one bucket of `config`."""
     from k26_ddtree.sglang.args import DDTreeConfig
-    from k26_ddtree.sglang.draft import DDTreeDrafter, DraftHead
+    from k26_ddtree.sglang.draft import DDTreeDrafter, DDTreeDrafters, DraftHead
     from k26_ddtree.sglang.step_graphs import StepGraphs
     from sglang.srt.speculative import dflash_worker
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -107,15 +116,17 @@ def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_
     worker.page_size = 1
     worker.tp_rank = 0
     worker.block_size = BLOCK
-    worker.ddtree = config or DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
+    config = config or DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
+    worker.ddtree = schedule or one_bucket(config)
     tp_group = SimpleNamespace(world_size=1)
     if head_in_graph:
-        worker._ddtree_drafter = DDTreeDrafter.for_worker(
-            worker.ddtree, server_args(worker.ddtree, trace), target_model.lm_head, tp_group, "cpu", tp_rank=0
+        worker._ddtree_drafters = DDTreeDrafters.for_worker(
+            worker.ddtree, server_args(config, trace), target_model.lm_head, tp_group, "cpu", tp_rank=0
         )
     else:
         head = DraftHead.of(target_model.lm_head, tp_group)
-        worker._ddtree_drafter = DDTreeDrafter(worker.ddtree, head, StepGraphs(worker.ddtree, []))
+        drafter = DDTreeDrafter(config, head, StepGraphs(config, []))
+        worker._ddtree_drafters = DDTreeDrafters(worker.ddtree, [drafter], None)
     worker._mask_token_id = MASK_ID
     worker._warned_sampling_fallback = False
     worker._block_pos_offsets = torch.arange(BLOCK)
@@ -339,7 +350,7 @@ def test_traced_steps_record_the_drafters_top8_and_what_each_request_committed(p
     draft_hidden = distinct_draft_hidden(2)
     path = tmp_path / "steps.trace"
     worker, _ = make_worker(patched_sglang, monkeypatch, draft_hidden, trace=str(path))
-    drafter = worker._ddtree_drafter
+    (drafter,) = worker._ddtree_drafters.drafters
     assert not drafter.graphs.owns_topk and drafter.trace_topk == trace.TOPK, "the top-8 is drafted eagerly"
     untraced, _ = make_worker(patched_sglang, monkeypatch, draft_hidden)
     # req-b finishes after one token of its second step: its record holds that token alone.
@@ -361,7 +372,7 @@ def test_traced_steps_record_the_drafters_top8_and_what_each_request_committed(p
     drafter.trace.close()
 
     meta, steps = trace.read(path)
-    assert (meta["depth"], meta["topk"], meta["budget"], meta["topk_served"]) == (BLOCK - 1, 8, 5, 2)
+    assert (meta["depth"], meta["topk"], meta["served"]) == (BLOCK - 1, 8, "1:5/2")
     keys = [trace.request_key("req-a"), trace.request_key("req-b")]
     assert steps.request.tolist() == keys * 2
     assert steps.step.tolist() == [0, 0, 1, 1]
@@ -378,7 +389,7 @@ def test_traced_steps_record_the_drafters_top8_and_what_each_request_committed(p
 def test_untraced_worker_keeps_the_graph_path_and_writes_nothing(patched_sglang, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     worker, _ = make_worker(patched_sglang, monkeypatch, distinct_draft_hidden(1))
-    drafter = worker._ddtree_drafter
+    (drafter,) = worker._ddtree_drafters.drafters
     assert drafter.graphs.owns_topk, "one rank, no trace: lm_head and top-K inside the draft graph"
     assert (drafter.trace_topk, drafter.trace) == (None, None)
     batch = decode_batch([Req([1, 2, 9])], [6], Allocator())
@@ -392,13 +403,49 @@ def test_untraced_worker_keeps_the_graph_path_and_writes_nothing(patched_sglang,
 def test_other_tp_ranks_draft_the_same_top8_but_write_nothing(patched_sglang, monkeypatch, tmp_path):
     """Every rank must draft the same top-K width (the all_gather); only rank 0 has the file."""
     from k26_ddtree.sglang.args import DDTreeConfig
-    from k26_ddtree.sglang.draft import DDTreeDrafter
+    from k26_ddtree.sglang.draft import DDTreeDrafters
 
     config = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
-    drafter = DDTreeDrafter.for_worker(config, server_args(config, str(tmp_path / "t.trace")),
-                                       lm_head(patched_sglang), SimpleNamespace(world_size=1), "cpu", tp_rank=1)
+    (drafter,) = DDTreeDrafters.for_worker(one_bucket(config), server_args(config, str(tmp_path / "t.trace")),
+                                           lm_head(patched_sglang), SimpleNamespace(world_size=1), "cpu",
+                                           tp_rank=1).drafters
     assert (drafter.trace_topk, drafter.trace) == (8, None)
     step = drafter.draft(torch.tensor([9]), distinct_draft_hidden(1).view(1, BLOCK, VOCAB),
                          SimpleNamespace(seq_lens=torch.tensor([6]), reqs=[Req([9])]))
     assert step.trace is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_schedule_serves_each_batch_size_from_its_bucket(patched_sglang, monkeypatch):
+    """Schedule 1:5/2,2:0: one request drafts a budget-5 tree; two requests take DFlash's own chain
+    (its argmax block, its verify input of block-size tokens, none of DDTree's work); back to one,
+    the tree again. The chain bucket's verify is DFlash's, run as the chain's own test would."""
+    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule, ScheduleBucket
+    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+    from sglang.srt.speculative import dflash_info
+
+    monkeypatch.setattr(dflash_info, "assign_req_to_token_pool_func", torch_assign)  # a Triton kernel in SGLang
+    config = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
+    schedule = DDTreeSchedule((ScheduleBucket(1, config, BLOCK), ScheduleBucket(2, None, BLOCK)))
+    draft_hidden = distinct_draft_hidden(2)
+    worker, forwards = make_worker(patched_sglang, monkeypatch, draft_hidden, config, schedule=schedule)
+    assert [d is None for d in worker._ddtree_drafters.drafters] == [False, True]
+    allocator = Allocator()
+
+    two = decode_batch([Req([1, 9], rid="a"), Req([1, 8], rid="b")], [6, 7], allocator)
+    worker._prepare_for_speculative_decoding(
+        two, SimpleNamespace(verified_id=torch.tensor([9, 8]), draft_seq_lens=two.seq_lens.to(torch.int32))
+    )
+    chain = two.spec_info
+    assert not isinstance(chain, DDTreeVerifyInput) and chain.draft_token_num == BLOCK
+    expected = torch.argmax(draft_hidden.view(2, BLOCK, VOCAB)[:, 1:] @ (torch.eye(VOCAB) * 4.0), dim=-1)
+    assert chain.draft_token.view(2, BLOCK)[:, 0].tolist() == [9, 8]
+    assert torch.equal(chain.draft_token.view(2, BLOCK)[:, 1:], expected), "DFlash's argmax chain"
+    assert chain.custom_mask is not None, "the triton backend's graphs read a mask for both kinds"
+
+    worker.draft_model_runner.forward = lambda fb: SimpleNamespace(
+        logits_output=SimpleNamespace(hidden_states=draft_hidden[:BLOCK])
+    )
+    one = decode_batch([Req([1, 9], rid="a")], [6], allocator)
+    tokens, _ = decode_step(worker, one, torch.tensor([9]))
+    assert isinstance(one.spec_info, DDTreeVerifyInput) and tokens.shape == (1, 6)

@@ -19,8 +19,8 @@ OUTPUT_LEN = 256
 
 
 def header(depth: int, **overrides) -> dict:
-    meta = {"depth": depth, "topk": trace.TOPK, "model": MODEL, "drafter": MODEL + "-DFlash", "budget": 8,
-            "topk_served": 4, "spine": True, "block_size": depth + 1, "started": "2026-12-01T10:00:00Z"}
+    meta = {"depth": depth, "topk": trace.TOPK, "model": MODEL, "drafter": MODEL + "-DFlash", "served": "1:8/4",
+            "spine": True, "block_size": depth + 1, "started": "2026-12-01T10:00:00Z"}
     return {**meta, **overrides}
 
 

@@ -67,6 +67,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--speculative-ddtree-budget", type=int, default=None)
     p.add_argument("--speculative-ddtree-topk", type=int, default=None)
+    p.add_argument("--speculative-ddtree-budget-schedule", default=None)
     p.add_argument("--incremental-streaming-output", action="store_true")
     return p.parse_known_args(argv)
 

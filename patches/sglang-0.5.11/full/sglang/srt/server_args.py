@@ -524,6 +524,7 @@ class ServerArgs:
     speculative_dflash_draft_window_size: Optional[int] = None
     speculative_ddtree_budget: Optional[int] = None
     speculative_ddtree_topk: Optional[int] = None
+    speculative_ddtree_budget_schedule: Optional[str] = None
     speculative_ddtree_spine: bool = False
     speculative_ddtree_trace: Optional[str] = None
     speculative_ddtree_trace_max_mb: int = ddtree_args.DEFAULT_TRACE_MAX_MB

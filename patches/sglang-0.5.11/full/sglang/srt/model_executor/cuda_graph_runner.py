@@ -567,6 +567,7 @@ class CudaGraphRunner:
         attn_backend=None,
         speculative_num_steps: Optional[int] = None,
         speculative_num_draft_tokens: Optional[int] = None,
+        batch_sizes: Optional[List[int]] = None,
     ):
         # Parse args
         self.model_runner = model_runner
@@ -637,6 +638,10 @@ class CudaGraphRunner:
         self.capture_bs, self.compile_bs = get_batch_sizes_to_capture(
             model_runner, self.num_tokens_per_bs
         )
+        if batch_sizes is not None:
+            # One DDTree schedule bucket's runner: its own batch sizes only.
+            self.compile_bs = [bs for bs in self.compile_bs if bs in batch_sizes]
+            self.capture_bs = list(batch_sizes)
         log_info_on_rank0(logger, f"Capture cuda graph bs {self.capture_bs}")
         if KTRANSFORMERS_AVAILABLE:
             KTMoEWrapper.set_capture_batch_sizes(self.capture_bs)

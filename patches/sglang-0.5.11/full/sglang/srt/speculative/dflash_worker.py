@@ -6,7 +6,7 @@ from typing import Optional, Union
 import torch
 
 from k26_ddtree.sglang import args as ddtree_args
-from k26_ddtree.sglang.draft import DDTreeDrafter
+from k26_ddtree.sglang.draft import DDTreeDrafters
 from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
@@ -103,7 +103,7 @@ class DFlashWorker:
         draft_server_args.skip_tokenizer_init = True
         # DDTree: the target verifies budget + 1 tokens, the draft runner keeps the block.
         ddtree_args.apply_to_draft_args(draft_server_args)
-        self.ddtree = ddtree_args.DDTreeConfig.from_server_args(server_args)
+        self.ddtree = ddtree_args.DDTreeSchedule.from_server_args(server_args)
         draft_backend = draft_server_args.speculative_draft_attention_backend
         supported_draft_backends = ("flashinfer", "fa3", "fa4", "triton")
         if draft_backend is None:
@@ -206,14 +206,14 @@ class DFlashWorker:
                 self._mask_token_id_override,
             )
 
-        self._ddtree_drafter = None
+        self._ddtree_drafters = None
         if self.ddtree is not None:
             ddtree_args.check_target_runner(
                 self.model_runner,
                 vocab_size=int(self.model_runner.model_config.vocab_size),
-                topk=self.ddtree.topk,
+                topk=max(config.topk for config in self.ddtree.configs),
             )
-            self._ddtree_drafter = DDTreeDrafter.for_worker(
+            self._ddtree_drafters = DDTreeDrafters.for_worker(
                 self.ddtree,
                 server_args,
                 self.target_worker.model_runner.model.lm_head,
@@ -224,8 +224,8 @@ class DFlashWorker:
             if self.tp_rank == 0:
                 logger.info(
                     "DDTree verify: %s, top-K hook %s.",
-                    self.ddtree,
-                    "ON (test only)" if self._ddtree_drafter.topk_hook else "off",
+                    self.ddtree.describe(),
+                    "ON (test only)" if self._ddtree_drafters.topk_hook else "off",
                 )
 
         self._block_pos_offsets = torch.arange(
@@ -696,8 +696,10 @@ class DFlashWorker:
         if draft_hidden is None:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
         draft_hidden = draft_hidden.view(bs, self.block_size, -1)
-        if self.ddtree is not None:
-            step = self._ddtree_drafter.draft(block_ids[:, 0], draft_hidden, batch)
+        # DDTree, or under a schedule the bucket of this batch size (None: the chain).
+        drafter = None if self.ddtree is None else self._ddtree_drafters.for_batch(bs)
+        if drafter is not None:
+            step = drafter.draft(block_ids[:, 0], draft_hidden, batch)
             verify_input = DDTreeVerifyInput.from_step(step)
         else:
             draft_next = self._greedy_sample_from_vocab_parallel_head(

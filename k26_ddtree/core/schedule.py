@@ -1,0 +1,83 @@
+"""The DDTree budget schedule's text form, torch-free: the server flag, the profiles, `tune` and
+`reconfigure` all read and write a schedule through this module.
+
+    "1:32/8,4:16/4,16:8/4,64:0"   bs:budget/topk per bucket, each from that batch size up to the
+                                  next; the first at 1; 0 is the plain DFlash chain
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from k26_ddtree.core.budget import tree_problem
+
+EXAMPLE = "1:32/8,4:16/4,16:8/4,64:0"
+_ENTRY = re.compile(r"\s*(\d+)\s*:\s*(?:(0)|(\d+)\s*/\s*(\d+))\s*")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be served; the message says which bucket and why, in one line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One bucket: from batch size min_bs, `budget` nodes at `topk`; budget 0 (topk 0) is the chain."""
+
+    min_bs: int
+    budget: int
+    topk: int
+
+    @property
+    def chain(self) -> bool:
+        return self.budget == 0
+
+    @property
+    def text(self) -> str:
+        return f"{self.min_bs}:0" if self.chain else f"{self.min_bs}:{self.budget}/{self.topk}"
+
+
+def parse(text: str) -> list[Entry]:
+    """The buckets of a schedule; checks what needs no block size: the syntax and the batch sizes
+    increasing from 1. A schedule of chains only parses (it is linear DFLASH); serving it as a
+    DDTree schedule is refused where it is served (check)."""
+    entries = []
+    for part in str(text).split(","):
+        match = _ENTRY.fullmatch(part)
+        if match is None:
+            raise ScheduleError(f"{part.strip()!r} is not bs:budget/topk or bs:0 (as in \"{EXAMPLE}\")")
+        start, chain, budget, topk = match.groups()
+        if chain:
+            entries.append(Entry(int(start), 0, 0))
+            continue
+        if int(budget) < 1 or int(topk) < 1:
+            raise ScheduleError(f"{part.strip()!r}: budget and topk must be >= 1 (0 alone is the chain)")
+        entries.append(Entry(int(start), int(budget), int(topk)))
+    starts = [entry.min_bs for entry in entries]
+    if starts[0] != 1:
+        raise ScheduleError(f"the first bucket must start at batch size 1, got {starts[0]}")
+    if any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ScheduleError(f"bucket batch sizes must increase, got {', '.join(map(str, starts))}")
+    return entries
+
+
+def only_chains(entries: list[Entry]) -> bool:
+    return all(entry.chain for entry in entries)
+
+
+def check(entries: list[Entry], block_size: int) -> None:
+    """A DDTree schedule: some bucket is a tree, and every tree bucket is one the tree builder
+    serves at this block size."""
+    if only_chains(entries):
+        raise ScheduleError("every bucket is the chain, which is linear DFLASH: serve DFLASH instead")
+    for entry in entries:
+        if entry.chain:
+            continue
+        problem = tree_problem(block_size - 1, entry.topk, entry.budget)
+        if problem is not None:
+            setting, why = problem
+            raise ScheduleError(f"bucket {entry.text}: {setting} {why}")
+
+
+def text(entries: list[Entry]) -> str:
+    return ",".join(entry.text for entry in entries)
