@@ -43,7 +43,9 @@ from pathlib import Path
 
 from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
-from k26_ddtree.gpu import lossless, matrix, profile, speed
+from k26_ddtree.gpu import lossless, matrix, profile, speed, tuning
+from k26_ddtree.sglang.args import TRACE_ENV
+from k26_ddtree.tune import schedule_file
 from k26_ddtree.processes import alive, descendants
 
 ORACLE_ENV = "K26_DDTREE_ORACLE"
@@ -227,13 +229,13 @@ def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_t
                  deadline: float):
     """Send the workload's requests; returns (results in prompt order, wall seconds)."""
     concurrency = int(workload["concurrency"])
-    params = speed.sampling_params(workload, new_tokens)
     count = max(concurrency, len(prompts))
-    jobs = [(i % len(prompts), prompts[i % len(prompts)]) for i in range(count)]
+    jobs = [(i % len(prompts), prompts[i % len(prompts)], ramp_tokens(workload, new_tokens, i, count))
+            for i in range(count)]
 
     def one(job):
-        index, ids = job
-        payload = {"input_ids": ids, "sampling_params": params}
+        index, ids, tokens = job
+        payload = {"input_ids": ids, "sampling_params": speed.sampling_params(workload, tokens)}
         if want_logprobs:
             payload.update(return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=False)
         try:
@@ -245,7 +247,7 @@ def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_t
         ids_out = out.get("output_ids")
         if ids_out is None:
             return {"prompt": index, "error": "response has no output_ids"}
-        result = {"prompt": index, "output_ids": ids_out,
+        result = {"prompt": index, "output_ids": ids_out, "max_new_tokens": tokens,
                   "meta": {k: meta.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length",
                                                     "e2e_latency")}}
         if want_logprobs:
@@ -259,6 +261,13 @@ def run_workload(server: Server, workload: dict, prompts: list[list[int]], new_t
     return results, time.time() - t
 
 
+def ramp_tokens(workload: dict, new_tokens: int, i: int, count: int) -> int:
+    """Request i's new tokens: all alike, or on a "ramp" workload (i + 1) / count of them, so the
+    batch shrinks request by request through every batch size below its concurrency (the way a
+    schedule's buckets are crossed between steps)."""
+    return max(1, new_tokens * (i + 1) // count) if workload.get("ramp") else new_tokens
+
+
 def cell_record(server: Server, wname: str, workload: dict, results, wall: float, reference, eps: float) -> dict:
     errors = [r["error"] for r in results if "error" in r]
     ok = [r for r in results if "error" not in r]
@@ -268,7 +277,8 @@ def cell_record(server: Server, wname: str, workload: dict, results, wall: float
             "tok_per_s": round(tokens / wall, 1) if wall > 0 else None,
             "accept_length": lossless.acceptance([r["meta"] for r in ok]) if server.spec.speculative else None}
     if float(workload["temperature"]) == 0.0 and reference is not None:
-        divs = lossless.divergences(((r["prompt"], r["output_ids"]) for r in ok), reference, eps)
+        divs = lossless.divergences(((r["prompt"], r["output_ids"], r["max_new_tokens"]) for r in ok), reference,
+                                    eps)
         cell["divergences"] = [d.as_dict() for d in divs]
         cell["verdict"] = "FAIL" if errors else lossless.verdict(divs)
     else:
@@ -477,7 +487,9 @@ class MatrixRun:
         self.state = args.work / "servers.json"
         self.oracle_path = args.work / "oracle.json"
         self.carried_oracle = args.oracle_file
-        self.servers = [Server(matrix.parse_server(n), 0, self.logs / f"{n}.log") for n in names]
+        self.schedules = dict(self.spec.get("schedules", {}), **named_schedules(args.schedule))
+        self.servers = [Server(matrix.parse_server(n, self.schedules), 0, self.logs / f"{n}.log") for n in names]
+        self.trace = args.work / "trace.k26"
         self.envs: dict[str, dict] = {}
         self.previous: dict[str, dict] = {}  # servers earlier runs kept for other runs
         self.reference: dict | None = None
@@ -598,6 +610,10 @@ class MatrixRun:
                 continue
             site = ddtree_site if server.spec.algo == "DDTREE" else args.site
             self.envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
+            if server.spec.name == args.trace_server:
+                # A fresh trace per run: the server appends, tune reads the whole file.
+                self.trace.unlink(missing_ok=True)
+                self.envs[server.spec.name][TRACE_ENV] = str(self.trace)
             if server.spec.oracle:
                 self.envs[server.spec.name][ORACLE_ENV] = str(self.oracle_path)
 
@@ -647,7 +663,8 @@ class MatrixRun:
         for server in self.servers:
             if only is not None and server.spec.name not in only:
                 continue
-            names = self.spec["spec_workloads"] if server.spec.speculative else self.spec["ar_workloads"]
+            names = self.spec.get("run_workloads", {}).get(str(self.args.run), {}).get(server.spec.name) or (
+                self.spec["spec_workloads"] if server.spec.speculative else self.spec["ar_workloads"])
             for wname in names:
                 if server.spec.name == "ar" and wname == "greedy-c1":
                     continue
@@ -671,7 +688,7 @@ class MatrixRun:
         self.sampler.stop_event.set()
         skip = set(self.spec["speed"].get("skip", {}).get(str(self.args.run), []))
         ready = [s for s in self.servers if s.status == "ready" and s.spec.name not in skip]
-        spec = speed.SpeedSpec.from_matrix(self.spec)
+        spec = speed.SpeedSpec.from_matrix(self.spec, self.args.run)
         # What the report still needs: stopping kept servers is not needed, the rest is quick.
         self.speed = speed.measure(ready, spec, self.prompts, self.reference,
                                    lambda url, ids, params: post_json(url + "/generate",
@@ -683,6 +700,8 @@ class MatrixRun:
                 server.status = f"crashed during the speed cells (exit {server.exit_code()})"
 
     def run_extras(self) -> None:
+        if self.args.cost_server:
+            tuning.costs_and_tune(self.servers, self.args, self.trace, self.deadline, say)
         if self.args.bench_server:
             run_bench_harness(self.servers, self.args, self.deadline)
         for name in self.args.profile_server:
@@ -714,7 +733,7 @@ class MatrixRun:
         report = self.report(accept)
         write_outputs(self.args.out, report, self.logs)
         if self.is_speed:
-            spec = speed.SpeedSpec.from_matrix(self.spec)
+            spec = speed.SpeedSpec.from_matrix(self.spec, self.args.run)
             baseline = next((s.spec.name for s in self.servers if s.spec.algo == "DFLASH"), "ar")
             atomic.write_text(self.args.out / f"speed-run{self.args.run}.md", speed.markdown(
                 str(self.args.run), self.speed, baseline, spec, report["device"], len(self.prompts)))
@@ -752,6 +771,22 @@ class MatrixRun:
         return report
 
 
+def named_schedules(items: list[str]) -> dict[str, str]:
+    """--schedule NAME=TEXT / NAME=@FILE (a tune schedule file) as {NAME: schedule text}."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UserError(f"--schedule {item!r}: expected NAME=SCHEDULE or NAME=@FILE")
+        if value.startswith("@"):
+            tuned = schedule_file.read(Path(value[1:]))
+            if tuned.schedule is None:
+                raise UserError(f"--schedule {item}: the tuned schedule is the plain chain everywhere (serve DFLASH)")
+            value = tuned.schedule
+        out[name] = value
+    return out
+
+
 def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
     """`k26-deploy bench` (the users' harness) against the named live servers, one at a time,
     then its report; everything lands in OUT/bench-harness/."""
@@ -787,23 +822,30 @@ def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
 PROFILE_STEPS = 16
 
 
-def profile_server(servers: list[Server], name: str, prompts, new_tokens: int, args, deadline: float) -> None:
-    """A torch-profiler trace of PROFILE_STEPS decode steps of one greedy request on the named
-    server, summarised into OUT/profile-NAME.txt (k26_ddtree.gpu.profile)."""
+def profile_server(servers: list[Server], item: str, prompts, new_tokens: int, args, deadline: float) -> None:
+    """A torch-profiler trace of PROFILE_STEPS decode steps on a server, `NAME` (one greedy request) or
+    `NAME@C` (C at once: an AR server's decode step then runs C tokens through the model, as a verify
+    of C tokens per request does), summarised into OUT/profile-NAME[-cC].txt (k26_ddtree.gpu.profile)."""
+    name, _, at = item.partition("@")
+    concurrency = int(at) if at.isdigit() and int(at) > 0 else 1
+    label = name if not at else f"{name}-c{concurrency}"
     server = next((s for s in servers if s.spec.name == name), None)
     if server is None or server.status != "ready" or deadline - time.time() < 60:
-        say(f"profile: {name} not ready or no time left, skipped")
+        say(f"profile: {item} not ready or no time left, skipped")
         return
-    trace_dir = args.work / f"profile-{name}"
+    trace_dir = args.work / f"profile-{label}"
+    shutil.rmtree(trace_dir, ignore_errors=True)
     trace_dir.mkdir(parents=True, exist_ok=True)
+    params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}
     try:
         # /start_profile answers with plain text, not JSON.
         post(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": PROFILE_STEPS,
                                                   "activities": ["CPU", "GPU"]}, timeout=60)
-        post_json(server.url + "/generate", {"input_ids": prompts[0], "sampling_params": {
-            "max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}}, timeout=120)
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            list(pool.map(lambda i: post_json(server.url + "/generate", {
+                "input_ids": prompts[i % len(prompts)], "sampling_params": params}, timeout=120), range(concurrency)))
     except (OSError, ValueError) as err:
-        say(f"profile {name}: {type(err).__name__}: {err}")
+        say(f"profile {item}: {type(err).__name__}: {err}")
         return
     trace = None
     for _ in range(60):
@@ -812,11 +854,11 @@ def profile_server(servers: list[Server], name: str, prompts, new_tokens: int, a
             break
         time.sleep(1)
     if trace is None:
-        say(f"profile {name}: no trace was written")
+        say(f"profile {item}: no trace was written")
         return
     report = profile.summarize(trace, PROFILE_STEPS)
-    (args.out / f"profile-{name}.txt").write_text(report)
-    say(f"profile {name}:\n" + "\n".join(report.splitlines()[:6]))
+    (args.out / f"profile-{label}.txt").write_text(report)
+    say(f"profile {item}:\n" + "\n".join(report.splitlines()[:6]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -845,7 +887,19 @@ def main(argv: list[str] | None = None) -> int:
                         "(repeatable; results in OUT/bench-harness/)")
     parser.add_argument("--profile-server", action="append", default=[],
                         help=f"also record and summarise a torch-profiler trace of {PROFILE_STEPS} decode steps "
-                        "on this server (repeatable; OUT/profile-NAME.txt)")
+                        "on this server, NAME or NAME@C for C requests at once (repeatable; OUT/profile-NAME.txt, "
+                        "OUT/profile-NAME-cC.txt)")
+    parser.add_argument("--schedule", action="append", default=[], metavar="NAME=SCHEDULE",
+                        help="a batch-size schedule for ddtree-sNAME-... servers: its text, or @FILE for the "
+                        "schedule of a `k26-deploy tune` file (repeatable; beside matrix.json \"schedules\")")
+    parser.add_argument("--trace-server", metavar="NAME",
+                        help="this DDTree server writes the server trace (WORK/trace.k26) through its cells")
+    parser.add_argument("--cost-server", action="append", default=[], metavar="NAME",
+                        help="after the cells, `k26-deploy bench` step costs of this server (repeatable), then "
+                        "`k26-deploy tune` on the trace and those costs: OUT/tune.json, .png, .txt")
+    parser.add_argument("--tune-args", default="",
+                        help="further `k26-deploy tune` arguments, comma-separated (one shell word), e.g. "
+                        "--spine=on,--min-budget=8")
     parser.add_argument("--keep-for", action="append", default=[], metavar="RUN",
                         help="leave running the servers matrix run RUN also starts, for a later device call on the "
                         "same warm machine to reuse (recorded in WORK/servers.json; repeatable)")

@@ -52,9 +52,12 @@ def check_request(prompt: int, reference: list[int], reference_top2: list, got: 
 
 
 def divergences(outputs, reference: dict, eps: float) -> list[Divergence]:
-    """Each (prompt index, output ids) of `outputs` against reference[index] ({output_ids, top2})."""
-    found = (check_request(index, reference[index]["output_ids"], reference[index]["top2"], got, eps)
-             for index, got in outputs)
+    """Each (prompt index, output ids[, tokens asked for]) of `outputs` against reference[index]
+    ({output_ids, top2}), cut to the tokens asked for when a request asked for fewer."""
+    found = []
+    for index, got, *asked in outputs:
+        expected = reference[index]["output_ids"][: asked[0]] if asked else reference[index]["output_ids"]
+        found.append(check_request(index, expected, reference[index]["top2"], got, eps))
     return [d for d in found if d is not None]
 
 

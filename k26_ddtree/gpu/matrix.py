@@ -1,7 +1,9 @@
 """The proving-ground matrix: server names, what they mean, and the sglang command line of each.
 
 Server names say everything: `ar`, `dflash` or `dflash-weak`, and
-`ddtree-b<budget>-k<topk>-<real|weak|oracle>`, a DDTree name optionally suffixed `-spine`
+`ddtree-b<budget>-k<topk>-<real|weak|oracle>`, or `ddtree-s<schedule>-<real|weak|oracle>` for a
+batch-size schedule named in `matrix.json` "schedules" (or given to the runner with --schedule),
+a DDTree name optionally suffixed `-spine`
 (--speculative-ddtree-spine), any name optionally suffixed `-tp2` (tensor parallel over two
 GPUs) or `-tp2-ep2` (and expert parallel, the PCIe profile's shape at small scale), and then
 `-eager` (no CUDA graphs).
@@ -20,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree.core import schedule
 from k26_ddtree.core.budget import max_budget
 from k26_ddtree.errors import UserError
 
@@ -27,8 +30,8 @@ BUDGETS = (4, 8, 16, 32, 64)
 TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
 _NAME = re.compile(
-    r"^(ar|dflash(?P<dflash_weak>-weak)?|ddtree-b(?P<b>\d+)-k(?P<k>\d+)-(?P<drafter>real|weak|oracle)"
-    r"(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
+    r"^(ar|dflash(?P<dflash_weak>-weak)?|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>[a-z][a-z0-9]*))"
+    r"-(?P<drafter>real|weak|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
 )
 # The drafter checkpoint folder of each drafter kind, under the models folder.
 DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak"}
@@ -49,6 +52,7 @@ class ServerSpec:
     spine: bool = False
     tp: int = 1
     ep: int = 1
+    schedule: str | None = None  # --speculative-ddtree-budget-schedule, instead of budget/topk
 
     @property
     def speculative(self) -> bool:
@@ -59,21 +63,33 @@ class ServerSpec:
         return self.drafter == "oracle"
 
 
-def parse_server(name: str) -> ServerSpec:
+def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSpec:
+    """The server a name stands for; `schedules` names the batch-size schedules (matrix "schedules")."""
     m = _NAME.match(name)
     if not m:
         raise UserError(f"server name {name!r}: expected ar, dflash[-weak] or "
-                        "ddtree-b<B>-k<K>-<real|weak|oracle>[-spine], optionally with -tp2 or -tp2-ep2, then -eager")
+                        "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|oracle>[-spine], optionally with -tp2 or -tp2-ep2, "
+                        "then -eager")
     shape = dict(eager=bool(m.group("eager")), tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1)
     if name.startswith("ar"):
         return ServerSpec(name, "AR", **shape)
     if name.startswith("dflash"):
         return ServerSpec(name, "DFLASH", drafter="weak" if m.group("dflash_weak") else "real", **shape)
+    ddtree = dict(drafter=m.group("drafter"), spine=bool(m.group("spine")), **shape)
+    if m.group("s"):
+        text = (schedules or {}).get(m.group("s"))
+        if text is None:
+            raise UserError(f"server {name}: no schedule named {m.group('s')!r} (matrix \"schedules\" or --schedule)")
+        try:
+            schedule.check(schedule.parse(text), BLOCK_SIZE)
+        except schedule.ScheduleError as err:
+            raise UserError(f"server {name}: schedule {text!r}: {err}") from None
+        return ServerSpec(name, "DDTREE", schedule=text, **ddtree)
     budget, topk = int(m.group("b")), int(m.group("k"))
     if not (1 <= budget <= max_budget(BLOCK_SIZE - 1, topk)) or topk < 1:
         raise UserError(f"server {name}: budget {budget} with topk {topk} is not valid "
                         f"(1 <= budget <= sum of topk^d for d=1..{BLOCK_SIZE - 1})")
-    return ServerSpec(name, "DDTREE", budget, topk, m.group("drafter"), spine=bool(m.group("spine")), **shape)
+    return ServerSpec(name, "DDTREE", budget, topk, **ddtree)
 
 
 def load(path: Path) -> dict:
@@ -83,7 +99,10 @@ def load(path: Path) -> dict:
         raise UserError(f"cannot read matrix {path}: {err}")
     for run, names in matrix.get("runs", {}).items():
         for name in names:
-            parse_server(name)
+            named = _NAME.match(name)
+            # A schedule server is checked once the runner knows every schedule (--schedule too).
+            if named is None or not named.group("s"):
+                parse_server(name)
         if "ar" not in names:
             raise UserError(f"matrix run {run} has no 'ar' server: every run needs its own AR reference")
     return matrix
@@ -116,7 +135,9 @@ def server_command(spec: ServerSpec, models: Path, port: int, settings: dict) ->
     if spec.speculative:
         cmd += ["--speculative-algorithm", spec.algo,
                 "--speculative-draft-model-path", str(models / DRAFTER_DIRS[spec.drafter])]
-    if spec.algo == "DDTREE":
+    if spec.schedule is not None:
+        cmd += ["--speculative-ddtree-budget-schedule", spec.schedule]
+    elif spec.algo == "DDTREE":
         cmd += ["--speculative-ddtree-budget", str(spec.budget), "--speculative-ddtree-topk", str(spec.topk)]
         if spec.spine:
             cmd.append("--speculative-ddtree-spine")

@@ -43,9 +43,12 @@ class SpeedSpec:
     eps: float
 
     @classmethod
-    def from_matrix(cls, spec: dict) -> SpeedSpec:
+    def from_matrix(cls, spec: dict, run: str | None = None) -> SpeedSpec:
+        """The matrix's speed cells, or those "run_cells" names for this run."""
         speed = spec["speed"]
-        return cls(speed["cells"], int(speed["repeats"]), float(speed["min_seconds"]), int(spec["new_tokens"]),
+        names = speed.get("run_cells", {}).get(str(run))
+        cells = speed["cells"] if names is None else {n: speed["cells"][n] for n in names}
+        return cls(cells, int(speed["repeats"]), float(speed["min_seconds"]), int(spec["new_tokens"]),
                    float(spec["eps"]))
 
 

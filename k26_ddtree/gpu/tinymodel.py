@@ -195,6 +195,7 @@ class MoE(nn.Module):
         super().__init__()
         self.top_k = c["num_experts_per_tok"]
         self.scale = c["routed_scaling_factor"]
+        self.n_group, self.topk_group = c["n_group"], c["topk_group"]
         self.gate = Gate(c)
         self.experts = nn.ModuleList(
             MLP(c["hidden_size"], c["moe_intermediate_size"]) for _ in range(c["n_routed_experts"])
@@ -206,6 +207,8 @@ class MoE(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()
             choice = scores + self.gate.e_score_correction_bias.float()
+            if self.n_group > 1:
+                choice = group_limited(choice, self.n_group, self.topk_group)
             top_ids = choice.topk(self.top_k, dim=-1).indices
             top_w = scores.gather(-1, top_ids)
             top_w = top_w / top_w.sum(-1, keepdim=True) * self.scale
@@ -213,6 +216,15 @@ class MoE(nn.Module):
         # Every expert on every token: at this size a dense mix is cheaper than dispatch.
         routed = sum(dense_w[..., e:e + 1].to(x.dtype) * expert(x) for e, expert in enumerate(self.experts))
         return routed + self.shared_experts(x)
+
+
+def group_limited(choice: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """noaux_tc's group limit, as SGLang's biased_grouped_topk: each group scores the sum of its two
+    best biased scores, and the experts outside the topk_group best groups are never chosen."""
+    groups = choice.view(*choice.shape[:-1], n_group, -1)
+    best = groups.topk(2, dim=-1).values.sum(-1).topk(topk_group, dim=-1).indices
+    keep = torch.zeros_like(groups[..., 0]).scatter(-1, best, 1.0).unsqueeze(-1).expand_as(groups)
+    return groups.masked_fill(keep == 0, float("-inf")).view_as(choice)
 
 
 class TargetLayer(nn.Module):

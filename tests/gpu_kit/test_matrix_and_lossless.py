@@ -101,17 +101,19 @@ def test_acceptance_and_gap_stats():
 def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     spec = matrix.load(MATRIX)
     runs = spec["runs"]
-    assert set(spec["speed_runs"]) == {"speed-weak", "speed-real"}
-    for run in spec["speed_runs"]:
-        assert set(runs[run]) <= set(runs["prove"])
-        assert spec["run_settings"][run] == spec["run_settings"]["prove"], "reuse needs the same settings"
+    assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed"}
+    for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune")):
+        tuned = {"ddtree-stuned-weak-spine"}
+        assert set(runs[run]) - tuned <= set(runs[source])
+        assert spec["run_settings"][run] == spec["run_settings"][source], "reuse needs the same settings"
         names = runs[run]
-        assert sum(n.startswith("dflash") for n in names) == 1 and len(names) == 8
+        assert sum(n.startswith("dflash") for n in names) == 1
+    assert all(len(runs[run]) == 8 for run in ("speed-weak", "speed-real"))
     assert set(spec["first_wave"]) <= set(runs["prove"])
     weak = {matrix.parse_server(n).drafter for n in runs["speed-weak"] if n != "ar"}
     assert weak == {"weak"}
     cells = spec["speed"]["cells"]
-    assert {c["concurrency"] for c in cells.values()} == {1, 16, 64}
+    assert {c["concurrency"] for c in cells.values()} == {1, 4, 16, 64}
     assert spec["speed"]["repeats"] >= 5 and spec["speed"]["min_seconds"] >= 3.0
     assert max(spec["run_settings"]["prove"]["cuda_graph_bs"]) >= 64
 
@@ -142,3 +144,24 @@ def test_tp2_and_ep2_servers_shard_over_two_gpus_against_the_tp1_reference():
     assert {(s.budget, s.topk) for s in shapes if s.algo == "DDTREE"} >= {(b, k) for b in (8, 16, 64) for k in (4, 8)}
     with pytest.raises(UserError):
         matrix.parse_server("ddtree-b8-k4-real-ep2")
+
+
+def test_schedule_servers_name_a_schedule_and_ramps_ask_for_fewer_tokens():
+    from k26_ddtree.gpu.e2e import ramp_tokens
+
+    spec = matrix.parse_server("ddtree-smix-weak-spine", {"mix": "1:32/8,3:16/4,12:0"})
+    assert (spec.algo, spec.schedule, spec.spine, spec.drafter) == ("DDTREE", "1:32/8,3:16/4,12:0", True, "weak")
+    cmd = matrix.server_command(spec, Path("/m"), 31000, {"mem_fraction_static": 0.1, "context_length": 1024,
+                                                            "max_total_tokens": 1, "max_running_requests": 16,
+                                                            "cuda_graph_bs": [1, 2]})
+    assert cmd[cmd.index("--speculative-ddtree-budget-schedule") + 1] == "1:32/8,3:16/4,12:0"
+    assert "--speculative-ddtree-budget" not in cmd
+    with pytest.raises(UserError, match="no schedule named 'other'"):
+        matrix.parse_server("ddtree-sother-weak", {})
+    with pytest.raises(UserError, match="bucket 1:8/1: budget 8 is larger"):
+        matrix.parse_server("ddtree-sbad-weak", {"bad": "1:8/1"})
+    assert [ramp_tokens({"ramp": True}, 256, i, 16) for i in (0, 7, 15)] == [16, 128, 256]
+    assert ramp_tokens({}, 256, 3, 16) == 256
+    ref = {0: {"output_ids": [5, 6, 7, 8], "top2": []}}
+    assert lossless.divergences([(0, [5, 6], 2), (0, [5, 6, 7, 8])], ref, 0.05) == []
+    assert lossless.divergences([(0, [5, 9], 2)], ref, 0.05)[0].position == 1

@@ -1,0 +1,185 @@
+"""`k26-deploy tune` on the proving ground, the way an engineer runs it on a box, then its check.
+
+costs_and_tune (in the run that traced): the server trace comes from the run's own greedy cells
+on the --trace-server (the matrix prompts); step costs from `k26-deploy bench` against each
+--cost-server at the tune concurrencies; then `k26-deploy tune` writes OUT/tune.json (+ .png,
+and its printout in .txt), also kept in WORK for a later call on the warm machine, whose
+ddtree-s<NAME> server serves it (e2e --schedule NAME=@FILE).
+
+check (here, on the results): tune's predicted acceptance and tok/s of every config in a speed
+table against what the table measured, and the schedule against the best single config and
+DFLASH at every concurrency.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from k26_ddtree.core import schedule
+from k26_ddtree.errors import UserError
+from k26_ddtree.jsonread import Unreadable, read_json
+
+TUNE_CONCURRENCY = (1, 4, 16, 64)
+GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
+BENCH_ARGS = ["--contexts", "60", "--output-len", "128", "--id-range", "3:2000", "--seed", "0", "--quiet"]
+
+
+def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
+    out = args.out / "tune"
+    out.mkdir(parents=True, exist_ok=True)
+    costs, log = out / "costs.json", out / "tune.log"
+    levels = ",".join(map(str, TUNE_CONCURRENCY))
+    by_name = {s.spec.name: s for s in servers}
+    for name in args.cost_server:
+        server = by_name.get(name)
+        if server is None or server.status != "ready":
+            say(f"tune costs: {name} is not ready, skipped")
+            continue
+        left = deadline - time.time() - 60
+        if left < 20:
+            say(f"tune costs: no time left for {name}")
+            return
+        cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(costs),
+               "--label", name, "--concurrency", levels, *BENCH_ARGS]
+        t = time.time()
+        with log.open("a") as fh:
+            try:
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=left).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        say(f"tune costs {name}: exit {rc} ({time.time() - t:.0f} s)")
+    if not trace.is_file() or not costs.is_file():
+        say(f"tune: no {'trace' if not trace.is_file() else 'costs'}; not run")
+        return
+    shutil.copyfile(trace, out / "trace.k26")
+    cmd = [sys.executable, "-m", "k26_ddtree", "tune", "--trace", str(trace), "--costs", str(costs),
+           "--concurrency", levels, "--model", str(args.models / "target"), "--out", str(out / "tune.json"),
+           "--plot", str(out / "tune.png"), *[a for a in args.tune_args.split(",") if a]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, deadline - time.time()))
+    (out / "tune.txt").write_text(proc.stdout + proc.stderr)
+    say(f"tune: exit {proc.returncode}\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-6:]))
+    if proc.returncode == 0:
+        shutil.copyfile(out / "tune.json", args.work / "tune.json")
+
+
+def _served_config(name: str) -> str | None:
+    """The tune config name a matrix server serves (tune's Config.name), None for AR and schedules."""
+    from k26_ddtree.gpu.matrix import parse_server
+
+    if name.startswith("ddtree-s"):
+        return None
+    spec = parse_server(name)
+    if spec.algo == "DFLASH":
+        return "DFLASH"
+    return f"b{spec.budget}k{spec.topk}" + ("-spine" if spec.spine else "")
+
+
+def check(tune_path: Path, speed_path: Path, schedule_server: str) -> dict:
+    """Predicted against measured for the speed table's servers (greedy cells only)."""
+    try:
+        tuned = read_json(tune_path)
+        speed_doc = read_json(speed_path)
+    except (FileNotFoundError, Unreadable) as err:
+        raise UserError(str(err)) from None
+    predicted = {}
+    for row in tuned["predictions"]:
+        key = "DFLASH" if row["dflash_chain"] else row["config"]
+        predicted[key] = row
+    cells = {}
+    for cell in speed_doc["speed"]:
+        name = str(cell["cell"])
+        if name.startswith(GREEDY) and cell.get("median_tok_s"):
+            cells.setdefault(cell["server"], {})[int(name[len(GREEDY):])] = cell
+    rows = []
+    for server, by_c in sorted(cells.items()):
+        config = _served_config(server)
+        for c, cell in sorted(by_c.items()):
+            row = {"server": server, "concurrency": c, "measured_tok_s": cell["median_tok_s"],
+                   "measured_acceptance": cell.get("accept_length")}
+            pred = _prediction(tuned, predicted, config, server == schedule_server, c)
+            if pred is not None:
+                row.update(predicted_acceptance=pred[0], predicted_tok_s=pred[1])
+                if row["measured_acceptance"]:
+                    row["acceptance_error"] = pred[0] / row["measured_acceptance"] - 1
+                row["tok_s_error"] = pred[1] / row["measured_tok_s"] - 1
+            rows.append(row)
+    return {"rows": rows, "verdicts": _verdicts(cells, schedule_server)}
+
+
+def _prediction(tuned: dict, predicted: dict, config: str | None, is_schedule: bool, c: int):
+    if is_schedule:
+        best = next(p["best"] for p in tuned["per_concurrency"] if p["concurrency"] == c)
+        return best["acceptance"], best["tok_s"]
+    row = predicted.get(config) if config else None
+    if row is None or str(c) not in row["predicted"]:
+        return None
+    return row["acceptance"], row["predicted"][str(c)]["tok_s"]
+
+
+def _verdicts(cells: dict, schedule_server: str) -> list[dict]:
+    """Per C: the schedule's median against the best single config's and DFLASH's."""
+    out = []
+    mine = cells.get(schedule_server, {})
+    for c, cell in sorted(mine.items()):
+        singles = {s: by_c[c]["median_tok_s"] for s, by_c in cells.items()
+                   if s != schedule_server and s != "ar" and c in by_c}
+        best = max(singles, key=singles.get) if singles else None
+        dflash = next((v for s, v in singles.items() if s.startswith("dflash")), None)
+        out.append({"concurrency": c, "schedule_tok_s": cell["median_tok_s"], "best_single": best,
+                    "best_single_tok_s": singles.get(best), "dflash_tok_s": dflash,
+                    "vs_best": cell["median_tok_s"] / singles[best] if best else None,
+                    "vs_dflash": cell["median_tok_s"] / dflash if dflash else None})
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = ["| server | C | measured tok/s | predicted tok/s | error | measured accept | predicted accept | error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        def pct(key):
+            return f"{100 * r[key]:+.1f}%" if r.get(key) is not None else "-"
+
+        def num(key, fmt):
+            return format(r[key], fmt) if r.get(key) is not None else "-"
+
+        lines.append(f"| {r['server']} | {r['concurrency']} | {num('measured_tok_s', '.0f')} | "
+                     f"{num('predicted_tok_s', '.0f')} | {pct('tok_s_error')} | {num('measured_acceptance', '.2f')} | "
+                     f"{num('predicted_acceptance', '.2f')} | {pct('acceptance_error')} |")
+    lines += ["", "| C | schedule tok/s | best single | its tok/s | ×best | ×DFLASH |", "|---|---|---|---|---|---|"]
+    for v in result["verdicts"]:
+        ratio = (lambda x: f"{x:.2f}" if x is not None else "-")
+        lines.append(f"| {v['concurrency']} | {v['schedule_tok_s']:.0f} | {v['best_single']} | "
+                     f"{v['best_single_tok_s']:.0f} | {ratio(v['vs_best'])} | {ratio(v['vs_dflash'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m k26_ddtree.gpu.tuning",
+                                     description="tune's predictions against a speed table's measurements")
+    parser.add_argument("--tune", type=Path, required=True, help="tune.json of the tuning run")
+    parser.add_argument("--speed", type=Path, required=True, help="e2e-runRUN.json of the speed run")
+    parser.add_argument("--schedule-server", required=True, help="the speed table's server serving tune's schedule")
+    parser.add_argument("--out", type=Path, help="write the result JSON here (and .md beside it)")
+    args = parser.parse_args(argv)
+    try:
+        result = check(args.tune, args.speed, args.schedule_server)
+    except (UserError, KeyError, TypeError, ValueError, schedule.ScheduleError) as err:
+        print(f"tuning: error: {err}", file=sys.stderr)
+        return 2
+    text = markdown(result)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
