@@ -470,6 +470,8 @@ class MatrixRun:
             names = [n for n in names if n in args.only or n == "ar"]
         self.is_speed = str(args.run) in self.spec.get("speed_runs", [])
         self.settings = dict(self.spec["server"], **self.spec.get("run_settings", {}).get(str(args.run), {}))
+        # A run may generate fewer tokens per request (its speed repeats then end sooner).
+        self.spec["new_tokens"] = int(self.settings.get("new_tokens", self.spec["new_tokens"]))
         try:
             prompts_doc = json.loads((args.models / "prompts.json").read_text())
             self.prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: self.spec["prompts"]]

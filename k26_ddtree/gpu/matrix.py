@@ -139,6 +139,6 @@ def server_command(spec: ServerSpec, models: Path, port: int, settings: dict) ->
         cmd += ["--speculative-ddtree-budget-schedule", spec.schedule]
     elif spec.algo == "DDTREE":
         cmd += ["--speculative-ddtree-budget", str(spec.budget), "--speculative-ddtree-topk", str(spec.topk)]
-        if spec.spine:
-            cmd.append("--speculative-ddtree-spine")
+    if spec.spine:
+        cmd.append("--speculative-ddtree-spine")
     return cmd

@@ -25,7 +25,7 @@ greedy text differs from the tiny target's only where the jitter flips a near ti
 proving-ground cell compares against this model's own AR reference.
 
     python -m k26_ddtree.gpu.widen --models DIR --out DIR [--extra-layers 45] [--copies 8]
-        [--topk-group 4] [--moe-intermediate 2048] [--jitter 0.01] [--device cuda]
+        [--topk-group 4] [--moe-intermediate 2560] [--jitter 0.01] [--device cuda]
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-layers", type=int, default=45, help="zero-output MoE layers appended (default 45)")
     parser.add_argument("--copies", type=int, default=8, help="copies of each expert, one group each (default 8)")
     parser.add_argument("--topk-group", type=int, default=4, help="groups each token routes to (default 4)")
-    parser.add_argument("--moe-intermediate", type=int, default=2048, help="expert width after padding (default 2048)")
+    parser.add_argument("--moe-intermediate", type=int, default=2560, help="expert width after padding (default 2560)")
     parser.add_argument("--jitter", type=float, default=0.01, help="gate-row jitter per copy, in the gate's std")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)

@@ -72,10 +72,13 @@ fi
 MODELS=$K/models
 if [ "${K26_WIDE:-0}" = 1 ]; then
   # The cost-realistic target (k26_ddtree.gpu.widen): the trained target's text at MoE-like GPU cost.
-  if [ -f "$K/models-wide/widen_report.json" ]; then step "cost-realistic target already here (warm machine)"
+  WIDEN_KEY="$MODEL_SHA ${K26_WIDEN_ARGS:-}"
+  if [ -f "$K/models-wide/widen_report.json" ] && [ "$(cat "$K/models-wide/.k26-widen" 2>/dev/null)" = "$WIDEN_KEY" ]; then
+    step "cost-realistic target already here (warm machine)"
   else
     step "widen the target into the cost-realistic one"; rm -rf "$K/models-wide"
     python3 -m k26_ddtree.gpu.widen --models "$K/models" --out "$K/models-wide" ${K26_WIDEN_ARGS:-} || exit 1
+    echo "$WIDEN_KEY" > "$K/models-wide/.k26-widen"
   fi
   cat "$K/models-wide/widen_report.json"
   MODELS=$K/models-wide

@@ -155,7 +155,7 @@ def test_schedule_servers_name_a_schedule_and_ramps_ask_for_fewer_tokens():
                                                             "max_total_tokens": 1, "max_running_requests": 16,
                                                             "cuda_graph_bs": [1, 2]})
     assert cmd[cmd.index("--speculative-ddtree-budget-schedule") + 1] == "1:32/8,3:16/4,12:0"
-    assert "--speculative-ddtree-budget" not in cmd
+    assert "--speculative-ddtree-budget" not in cmd and "--speculative-ddtree-spine" in cmd
     with pytest.raises(UserError, match="no schedule named 'other'"):
         matrix.parse_server("ddtree-sother-weak", {})
     with pytest.raises(UserError, match="bucket 1:8/1: budget 8 is larger"):
