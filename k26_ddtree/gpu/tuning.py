@@ -2,9 +2,10 @@
 
 costs_and_tune (in the run that traced): the server trace comes from the run's own greedy cells
 on the --trace-server (the matrix prompts); step costs from `k26-deploy bench` against each
---cost-server at the tune concurrencies; then `k26-deploy tune` writes OUT/tune.json (+ .png,
-and its printout in .txt), also kept in WORK for a later call on the warm machine, whose
-ddtree-s<NAME> server serves it (e2e --schedule NAME=@FILE).
+--cost-server, one run per tune concurrency; then `k26-deploy tune` writes tune.json (+ .png, and
+its printout in .txt), all packed with the costs and the trace into OUT/tune.tar.xz; tune.json is
+also kept in WORK for a later call on the warm machine, whose ddtree-s<NAME> server serves it
+(e2e --schedule NAME=@FILE).
 
 check (here, on the results): tune's predicted acceptance and tok/s of every config in a speed
 table against what the table measured, and the schedule against the best single config and
@@ -17,6 +18,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -27,6 +29,11 @@ from k26_ddtree.jsonread import Unreadable, read_json
 TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
 BENCH_ARGS = ["--contexts", "60", "--output-len", "128", "--id-range", "3:2000", "--seed", "0", "--quiet"]
+
+
+def cost_requests(concurrency: int) -> int:
+    """Requests of one cost cell: enough waves that the ramp-down of the last is a small part."""
+    return max(16, 6 * concurrency)
 
 
 def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
@@ -40,19 +47,34 @@ def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
         if server is None or server.status != "ready":
             say(f"tune costs: {name} is not ready, skipped")
             continue
-        left = deadline - time.time() - 60
-        if left < 20:
-            say(f"tune costs: no time left for {name}")
-            return
-        cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(costs),
-               "--label", name, "--concurrency", levels, *BENCH_ARGS]
         t = time.time()
-        with log.open("a") as fh:
-            try:
-                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=left).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        say(f"tune costs {name}: exit {rc} ({time.time() - t:.0f} s)")
+        for c in TUNE_CONCURRENCY:
+            left = deadline - time.time() - 60
+            if left < 20:
+                say(f"tune costs: no time left for {name} at C={c}")
+                return
+            # One run per C, each with many requests: with bench's default 2 * C the last wave's
+            # ramp-down is half the cell, and the step times came out 20-30 % off the steady state.
+            cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(costs),
+                   "--label", name, "--concurrency", str(c), "--requests", str(cost_requests(c)), *BENCH_ARGS]
+            with log.open("a") as fh:
+                try:
+                    rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=left).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+            if rc != 0:
+                say(f"tune costs {name} C={c}: exit {rc}")
+        say(f"tune costs {name}: {time.time() - t:.0f} s")
+    try:
+        _tune(args, out, costs, trace, levels, deadline, say)
+    finally:
+        # One file back from the device (it brings back at most 8): costs, trace, tune's outputs.
+        with tarfile.open(args.out / "tune.tar.xz", "w:xz") as archive:
+            archive.add(out, arcname="tune")
+        shutil.rmtree(out)
+
+
+def _tune(args, out: Path, costs: Path, trace: Path, levels: str, deadline: float, say) -> None:
     if not trace.is_file() or not costs.is_file():
         say(f"tune: no {'trace' if not trace.is_file() else 'costs'}; not run")
         return
