@@ -2,7 +2,7 @@
 
 costs_and_tune (in the run that traced): the server trace comes from the run's own greedy cells
 on the --trace-server (the matrix prompts); step costs from `k26-deploy bench` against each
---cost-server, one run per tune concurrency; then `k26-deploy tune` writes tune.json (+ .png, and
+--cost-server at the tune concurrencies; then `k26-deploy tune` writes tune.json (+ .png, and
 its printout in .txt), all packed with the costs and the trace into OUT/tune.tar.xz; tune.json is
 also kept in WORK for a later call on the warm machine, whose ddtree-s<NAME> server serves it
 (e2e --schedule NAME=@FILE).
@@ -31,47 +31,42 @@ GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurr
 BENCH_ARGS = ["--contexts", "60", "--output-len", "128", "--id-range", "3:2000", "--seed", "0", "--quiet"]
 
 
-def cost_requests(concurrency: int) -> int:
-    """Requests of one cost cell: enough waves that the ramp-down of the last is a small part."""
-    return max(16, 6 * concurrency)
-
-
 def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
     out = args.out / "tune"
     out.mkdir(parents=True, exist_ok=True)
     costs, log = out / "costs.json", out / "tune.log"
     levels = ",".join(map(str, TUNE_CONCURRENCY))
-    by_name = {s.spec.name: s for s in servers}
-    for name in args.cost_server:
-        server = by_name.get(name)
-        if server is None or server.status != "ready":
-            say(f"tune costs: {name} is not ready, skipped")
-            continue
-        t = time.time()
-        for c in TUNE_CONCURRENCY:
-            left = deadline - time.time() - 60
-            if left < 20:
-                say(f"tune costs: no time left for {name} at C={c}")
-                return
-            # One run per C, each with many requests: with bench's default 2 * C the last wave's
-            # ramp-down is half the cell, and the step times came out 20-30 % off the steady state.
-            cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(costs),
-                   "--label", name, "--concurrency", str(c), "--requests", str(cost_requests(c)), *BENCH_ARGS]
-            with log.open("a") as fh:
-                try:
-                    rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=left).returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
-            if rc != 0:
-                say(f"tune costs {name} C={c}: exit {rc}")
-        say(f"tune costs {name}: {time.time() - t:.0f} s")
     try:
+        _measure_costs(servers, args, costs, log, levels, deadline, say)
         _tune(args, out, costs, trace, levels, deadline, say)
     finally:
         # One file back from the device (it brings back at most 8): costs, trace, tune's outputs.
         with tarfile.open(args.out / "tune.tar.xz", "w:xz") as archive:
             archive.add(out, arcname="tune")
         shutil.rmtree(out)
+
+
+def _measure_costs(servers, args, costs: Path, log: Path, levels: str, deadline: float, say) -> None:
+    """`k26-deploy bench` (its default requests per cell) against every --cost-server, into `costs`."""
+    by_name = {s.spec.name: s for s in servers}
+    for name in args.cost_server:
+        server = by_name.get(name)
+        if server is None or server.status != "ready":
+            say(f"tune costs: {name} is not ready, skipped")
+            continue
+        left = deadline - time.time() - 60
+        if left < 20:
+            say(f"tune costs: no time left for {name}")
+            break
+        cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(costs),
+               "--label", name, "--concurrency", levels, *BENCH_ARGS]
+        t = time.time()
+        with log.open("a") as fh:
+            try:
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=left).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        say(f"tune costs {name}: exit {rc} ({time.time() - t:.0f} s)")
 
 
 def _tune(args, out: Path, costs: Path, trace: Path, levels: str, deadline: float, say) -> None:
