@@ -244,3 +244,37 @@ def test_runner_mistakes_are_one_line_and_exit_2(setup, extra, message):
     (models / "prompts.json").unlink()
     done = subprocess.run(cmd[:-len(extra)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "prompts.json is missing" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(setup):
+    """ddtree-s<NAME>: the schedule from --schedule @FILE (tune's format) reaches the server's command
+    line; a ramp asks each request for fewer tokens and is judged on its prefix; the cost servers are
+    benched with the users' harness, and without a trace (the stand-in writes none) tune is not run,
+    said so, and the costs still come back packed in one file."""
+    import tarfile
+
+    tmp_path, models, matrix = setup
+    spec = json.loads(matrix.read_text())
+    spec["workloads"]["greedy-ramp"] = {"temperature": 0.0, "concurrency": 16, "ramp": True}
+    spec["runs"]["sched"] = ["ar", "ddtree-stuned-real-spine"]
+    spec["run_workloads"] = {"sched": {"ddtree-stuned-real-spine": ["greedy-c1", "greedy-ramp"]}}
+    matrix.write_text(json.dumps(spec))
+    tuned = tmp_path / "tune.json"
+    tuned.write_text(json.dumps({"schema": "k26-ddtree-tune/1", "schedule": "1:8/4,4:0", "spine": True}))
+    (models / "target").mkdir()
+    (models / "target" / "config.json").write_text(json.dumps({"vocab_size": 2048}))  # bench reads it
+    done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN),
+                           "--schedule", f"tuned=@{tuned}", "--cost-server", "ddtree-stuned-real-spine",
+                           run="sched")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    by_name = {s["name"]: s for s in report["servers"]}
+    cells = by_name["ddtree-stuned-real-spine"]["cells"]
+    assert [(c["workload"], c["verdict"]) for c in cells] == [("greedy-c1", "exact"), ("greedy-ramp", "exact")]
+    assert cells[1]["tokens"] == sum(max(1, 32 * (i + 1) // 16) for i in range(16))
+    log = (tmp_path / "work" / "logs" / "ddtree-stuned-real-spine.log").read_text()
+    assert "--speculative-ddtree-budget-schedule 1:8/4,4:0" in log and "--speculative-ddtree-spine" in log
+    assert "tune: no trace; not run" in done.stdout
+    with tarfile.open(tmp_path / "out" / "tune.tar.xz") as archive:
+        costs = json.load(archive.extractfile("tune/costs.json"))
+    assert [c["concurrency"] for c in costs["runs"][0]["cells"]] == [1, 4, 16, 64]
+    assert not (tmp_path / "out" / "tune").exists()

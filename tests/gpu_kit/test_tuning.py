@@ -1,0 +1,43 @@
+"""tune's predictions against a measured speed table (k26_ddtree.gpu.tuning), on the files the
+proving ground committed: session 4's cost-realistic target, tune run on the device."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from k26_ddtree.gpu import tuning
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session4"
+TUNE, SPEED = RESULTS / "wide-tune" / "tune.json", RESULTS / "wide-speed" / "e2e-runwide-speed.json"
+
+
+def test_every_served_config_meets_its_prediction_and_the_schedule_its_rivals():
+    result = tuning.check(TUNE, SPEED, "ddtree-stuned-weak-spine")
+    rows = {(r["server"], r["concurrency"]): r for r in result["rows"]}
+    assert len(rows) == 20, "5 servers x C in 1, 4, 16, 64"
+    b8 = rows[("ddtree-b8-k4-weak-spine", 1)]
+    assert b8["measured_tok_s"] == pytest.approx(315.8)
+    assert b8["acceptance_error"] == pytest.approx(4.39 / 4.491 - 1, abs=0.003)
+    assert rows[("dflash-weak", 64)]["predicted_tok_s"] == pytest.approx(3106, abs=1)
+    verdicts = {v["concurrency"]: v for v in result["verdicts"]}
+    assert verdicts[1]["best_single"] == "ddtree-b32-k8-weak-spine"
+    assert verdicts[1]["vs_best"] == pytest.approx(367.2 / 341.1)
+    assert verdicts[4]["vs_dflash"] == pytest.approx(649.0 / 683.3)
+    table = tuning.markdown(result)
+    assert "| ddtree-stuned-weak-spine | 4 | 649 | 844 | +30.0% |" in table
+    assert "| 64 | 6024 | ddtree-b8-k4-weak-spine | 5821 | 1.03 | 1.34 |" in table
+
+
+def test_the_committed_check_is_what_the_tool_prints():
+    assert (RESULTS / "tune-check.md").read_text() == tuning.markdown(
+        tuning.check(TUNE, SPEED, "ddtree-stuned-weak-spine"))
+
+
+def test_a_missing_file_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.tuning", "--tune", str(tmp_path / "none.json"),
+                           "--speed", str(SPEED), "--schedule-server", "x"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("tuning: error:")
