@@ -1,9 +1,9 @@
 """DDTree inside SGLang 0.5.11's DFlash: the code the patched SGLang files call.
 
 This package is the only part of k26_ddtree that imports sglang (verify_input
-and verify_utils do, at import; args, guards, buffers, draft, step_graphs and
-trace do not, so server_args.py, cuda_graph_runner.py and triton_backend.py can
-import them without cycles). The algorithm itself is k26_ddtree.core.
+and verify_utils do, at import; args, guards, buffers, draft, step_graphs,
+schedule_graphs and trace do not, so server_args.py, model_runner.py,
+cuda_graph_runner.py and triton_backend.py can import them without cycles). The algorithm itself is k26_ddtree.core.
 
 One decode step (spec v1, no overlap scheduler), top-down in five files:
 
@@ -12,6 +12,9 @@ One decode step (spec v1, no overlap scheduler), top-down in five files:
     [verified_id, MASK x (block-1)] runs once on the draft runner (its own CUDA
     graph, sized for the block). Unchanged from DFlash. Then:
 
+  0. draft.py        DDTreeDrafters.for_batch(bs): the drafter of this batch size's bucket
+                     (one bucket without --speculative-ddtree-budget-schedule); None for a
+                     chain bucket, which runs DFlash's own argmax draft and verify
   1. draft.py        DDTreeDrafter.draft(verified_id, draft_hidden, batch) -> StepTree
                      the block's top-K log-probs through the target lm_head (vocab-sharded
                      under TP: per-shard top-K + all_gather + global log-sum-exp), then
@@ -21,13 +24,15 @@ One decode step (spec v1, no overlap scheduler), top-down in five files:
   2. step_graphs.py  StepGraphs replays that fixed-shape work from the CUDA graph of the
                      smallest --cuda-graph-bs bucket holding the batch (all captured at
                      worker start-up; on one rank the lm_head and top-K are inside the
-                     graph too), or runs the same functions eagerly
+                     graph too), or runs the same functions eagerly (per schedule bucket:
+                     its own batch sizes and config)
   3. verify_input.py DDTreeVerifyInput.from_step (a DFlashVerifyInput): prepare_for_verify
                      allocates bs * N KV slots, assigns them to req_to_token and builds
                      the triton tree mask. The target verify forward runs unchanged: its
                      CUDA graph, logits buffer and triton buffers are sized for
                      N = budget + 1 because the target's speculative_num_draft_tokens is
-                     budget + 1. Then verify(): accept (greedy walk in the step's verify
+                     budget + 1 (under a schedule: the largest bucket's N, and one graph
+                     runner per N, schedule_graphs.py). Then verify(): accept (greedy walk in the step's verify
                      graph, or the exact tree-sampling kernel) -> record_on_requests
                      (output ids, finish, grammar, metrics, KV lengths; the one device ->
                      host copy) -> commit_on_device (the path's KV slots to req_to_token
@@ -48,6 +53,10 @@ spec_accept_histogram is filled per step (DFlash leaves it empty);
 spec_accept_rate is accepted drafts / (verify steps * budget), i.e. the share
 of verified tree nodes that were accepted.
 
+A schedule is DDTreeSchedule (args.py): buckets from batch size min_bs up, each a
+DDTreeConfig or the chain. Buckets capture their last batch size too
+(DDTreeSchedule.graph_batch_sizes), so a padded batch stays in its bucket.
+
 Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
   server_args.py                the DDTree flags and fields; DDTREE in the algorithm
                                 choices; args.normalize_algorithm first in __post_init__
@@ -57,11 +66,15 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 buffers added to the static-memory reserve.
   speculative/dflash_worker.py  __init__: draft args get the block (args.apply_to_draft_args),
                                 block_size from args.draft_block_size, hybrid-model
-                                check, the DDTreeDrafter (every step graph captured here;
+                                check, the DDTreeDrafters (every step graph captured here;
                                 the test-only top-K hook installed only when its
                                 environment variable is set);
-                                _prepare_for_speculative_decoding: the tree instead of
-                                the argmax chain.
+                                _prepare_for_speculative_decoding: the tree of the
+                                batch size's bucket instead of the argmax chain.
+  model_executor/model_runner.py
+                                init_device_graphs: schedule_graphs.graph_runner, SGLang's
+                                one runner, or under a schedule of several token counts one
+                                per count behind the same can_run / replay / bs.
   model_executor/model_runner_kv_cache_mixin.py
                                 _init_pools: req_to_token rows get args.req_to_token_extra
                                 columns past the context (the draft block and the tree
@@ -73,10 +86,12 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
   model_executor/cuda_graph_runner.py
                                 can_run: guards.check_graph_batch (tokens-per-request
                                 mismatch -> VerifyShapeError); get_spec_info for DFLASH
-                                uses the runner's own num_tokens_per_bs.
+                                uses the runner's own num_tokens_per_bs; a batch_sizes
+                                argument restricts a runner to one bucket's sizes.
   layers/attention/triton_backend.py
-                                target verify (eager, capture, replay):
-                                guards.check_backend_tokens; capture records whether the
+                                target verify: eager builds its metadata for the input's
+                                own count (guards.eager_verify_tokens, up to the largest);
+                                capture and replay: guards.check_backend_tokens; capture records whether the
                                 graph reads the custom mask, replay refuses a step whose
                                 mask presence differs (guards.check_replay_mask);
                                 init_cuda_graph_state sizes its buffers with
