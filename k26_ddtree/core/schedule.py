@@ -77,7 +77,3 @@ def check(entries: list[Entry], block_size: int) -> None:
         if problem is not None:
             setting, why = problem
             raise ScheduleError(f"bucket {entry.text}: {setting} {why}")
-
-
-def text(entries: list[Entry]) -> str:
-    return ",".join(entry.text for entry in entries)

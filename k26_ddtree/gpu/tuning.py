@@ -22,7 +22,6 @@ import tarfile
 import time
 from pathlib import Path
 
-from k26_ddtree.core import schedule
 from k26_ddtree.errors import UserError
 from k26_ddtree.jsonread import Unreadable, read_json
 
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = check(args.tune, args.speed, args.schedule_server)
-    except (UserError, KeyError, TypeError, ValueError, schedule.ScheduleError) as err:
+    except (UserError, KeyError, TypeError, ValueError) as err:
         print(f"tuning: error: {err}", file=sys.stderr)
         return 2
     text = markdown(result)

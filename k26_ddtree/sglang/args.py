@@ -95,11 +95,6 @@ class ScheduleBucket:
     def tokens(self) -> int:
         return self.block_size if self.config is None else self.config.tokens
 
-    @property
-    def token(self) -> str:
-        """As the schedule flag writes it."""
-        return "0" if self.config is None else f"{self.config.budget}/{self.config.topk}"
-
 
 @dataclass(frozen=True)
 class DDTreeSchedule:
@@ -126,10 +121,6 @@ class DDTreeSchedule:
             for e in entries
         ))
 
-    @property
-    def text(self) -> str:
-        return ",".join(f"{b.min_bs}:{b.token}" for b in self.buckets)
-
     def describe(self) -> str:
         """One line for the log: each bucket's batch sizes and what serves them."""
         parts = []
@@ -151,9 +142,6 @@ class DDTreeSchedule:
     def index(self, batch_size: int) -> int:
         """The bucket serving a batch of this size (a batch of 0, an idle one, is the first's)."""
         return max(i for i, b in enumerate(self.buckets) if b.min_bs <= max(batch_size, 1))
-
-    def bucket(self, batch_size: int) -> ScheduleBucket:
-        return self.buckets[self.index(batch_size)]
 
     def graph_batch_sizes(self, sizes) -> list[list[int]]:
         """Per bucket, the CUDA-graph batch sizes it captures from the server's `sizes`, plus the
@@ -292,10 +280,6 @@ def _normalize_schedule(server_args) -> None:
         )
     _check_dflash(server_args, "--speculative-ddtree-budget-schedule")
     entries = parse_schedule(server_args.speculative_ddtree_budget_schedule)
-    if schedule_text.only_chains(entries):
-        raise DDTreeArgsError(
-            "--speculative-ddtree-budget-schedule: every bucket is the chain, which is linear DFLASH: drop the flag"
-        )
     num_draft_tokens = server_args.speculative_num_draft_tokens
     if num_draft_tokens is None:
         return
@@ -348,8 +332,7 @@ def finalize(server_args) -> None:
     server_args.speculative_num_draft_tokens = schedule.max_tokens
     logger.info(
         "DDTree on: %s, spine %s, block %d; the target verifies up to %d tokens per request.",
-        schedule.text if server_args.speculative_ddtree_budget_schedule is not None
-        else f"budget {schedule.configs[0].budget}, topk {schedule.configs[0].topk}",
+        schedule.describe(),
         bool(server_args.speculative_ddtree_spine),
         block_size,
         schedule.max_tokens,
