@@ -806,14 +806,9 @@ def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
         if budget < 20:
             say(f"bench harness: no time left for {name}")
             break
-        cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(results),
-               "--label", name, "--contexts", "60,512", "--concurrency", "1,8", "--output-len", "128",
-               "--id-range", "3:2000", "--seed", "0", "--quiet"]
-        with log.open("a") as fh:
-            try:
-                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=budget).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+        rc = tuning.bench_run(server.url, results, name, ["--contexts", "60,512", "--concurrency", "1,8",
+                                                          "--output-len", "128", "--id-range", "3:2000", "--seed",
+                                                          "0", "--quiet"], log, budget)
         say(f"bench harness {name}: exit {rc}")
     if results.exists():
         with log.open("a") as fh:

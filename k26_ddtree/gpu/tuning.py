@@ -30,6 +30,18 @@ GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurr
 BENCH_ARGS = ["--contexts", "60", "--output-len", "128", "--id-range", "3:2000", "--seed", "0", "--quiet"]
 
 
+def bench_run(url: str, results: Path, label: str, extra: list[str], log: Path, timeout: float) -> int | str:
+    """`k26-deploy bench run` (the users' harness) against one server, appending to `results` and
+    its output to `log`: the exit code, or "timeout"."""
+    cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", url, "--out", str(results), "--label", label,
+           *extra]
+    with log.open("a") as fh:
+        try:
+            return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return "timeout"
+
+
 def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
     out = args.out / "tune"
     out.mkdir(parents=True, exist_ok=True)
@@ -57,14 +69,8 @@ def _measure_costs(servers, args, costs: Path, log: Path, levels: str, deadline:
         if left < 20:
             say(f"tune costs: no time left for {name}")
             break
-        cmd = [sys.executable, "-m", "k26_ddtree", "bench", "run", "--url", server.url, "--out", str(costs),
-               "--label", name, "--concurrency", levels, *BENCH_ARGS]
         t = time.time()
-        with log.open("a") as fh:
-            try:
-                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=left).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+        rc = bench_run(server.url, costs, name, ["--concurrency", levels, *BENCH_ARGS], log, left)
         say(f"tune costs {name}: exit {rc} ({time.time() - t:.0f} s)")
 
 
