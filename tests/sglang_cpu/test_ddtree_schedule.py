@@ -90,6 +90,18 @@ def test_memory_estimate_takes_the_largest_tree(patched_sglang, models):
     assert verify_reserved_mem_mb(scheduled, 1000, 4096) == verify_reserved_mem_mb(one, 1000, 4096)
 
 
+def test_memory_estimate_counts_a_chain_bucket_s_block(patched_sglang, models):
+    from k26_ddtree.sglang.args import verify_reserved_mem_mb
+
+    # The chain bucket verifies the block's 16 tokens per request, more than the tree's 3.
+    scheduled = schedule_args(models, "--speculative-ddtree-budget-schedule", "1:2/1,4:0",
+                              "--speculative-dflash-block-size", "16")
+    assert scheduled.speculative_num_draft_tokens == 16
+    one = schedule_args(models, "--speculative-ddtree-budget", "15", "--speculative-ddtree-topk", "4",
+                        "--speculative-dflash-block-size", "16")
+    assert verify_reserved_mem_mb(scheduled, 1000, 4096) == verify_reserved_mem_mb(one, 1000, 4096)
+
+
 def schedule_of(text, block=8):
     from k26_ddtree.sglang.args import DDTreeSchedule
 
