@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from k26_ddtree.core.budget import tree_problem
 
 EXAMPLE = "1:32/8,4:16/4,16:8/4,64:0"
-_ENTRY = re.compile(r"\s*(\d+)\s*:\s*(?:(0)|(\d+)\s*/\s*(\d+))\s*")
+# ASCII only: \d and \s would also take other scripts' digits and spaces, which int() reads but
+# which then reach the profile and the unit as they were typed.
+_ENTRY = re.compile(r"\s*(\d+)\s*:\s*(?:(0)|(\d+)\s*/\s*(\d+))\s*", re.ASCII)
+# Beyond any batch size, budget or topk; and int() refuses numbers past 4300 digits with a bare ValueError.
+_MAX_DIGITS = 18
 
 
 class ScheduleError(ValueError):
@@ -47,6 +51,8 @@ def parse(text: str) -> list[Entry]:
         if match is None:
             raise ScheduleError(f"{part.strip()!r} is not bs:budget/topk or bs:0 (as in \"{EXAMPLE}\")")
         start, chain, budget, topk = match.groups()
+        if max(len(number or "") for number in (start, budget, topk)) > _MAX_DIGITS:
+            raise ScheduleError(f"{part.strip()[:40]!r}: a number of more than {_MAX_DIGITS} digits")
         if chain:
             entries.append(Entry(int(start), 0, 0))
             continue

@@ -249,18 +249,20 @@ def _tree_sets(args) -> list[str]:
         sets.append(f"speculative.topk={args.topk}")
     if sets:
         return sets + ["speculative.schedule=null"]
+    # A schedule of trees serves DDTREE, as one of chains only serves DFLASH: the unit it replaces
+    # may be DFLASH (tune's costs end on the DFLASH run, or an earlier file of chains only).
     if args.schedule is not None:
         try:
             schedule.parse(args.schedule)
         except schedule.ScheduleError as err:
             raise UserError(f"--schedule {args.schedule!r}: {err}") from None
-        return [f"speculative.schedule={args.schedule}"]
+        return ["speculative.algorithm=DDTREE", f"speculative.schedule={args.schedule}"]
     if args.schedule_file is not None:
         tuned = schedule_file.read(args.schedule_file)
         spine = f"speculative.spine={'true' if tuned.spine else 'false'}"
         if tuned.schedule is None:
             return ["speculative.algorithm=DFLASH", "speculative.schedule=null"]
-        return [f"speculative.schedule={tuned.schedule}", spine]
+        return ["speculative.algorithm=DDTREE", f"speculative.schedule={tuned.schedule}", spine]
     return []
 
 

@@ -483,14 +483,15 @@ class MatrixRun:
             raise UserError(f"--keep-for {unknown[0]}: no such run in {args.matrix} (runs: {', '.join(self.spec['runs'])})")
         if args.oracle_file is not None and not args.oracle_file.is_file():
             raise UserError(f"--oracle-file {args.oracle_file}: no such file")
-        args.out.mkdir(parents=True, exist_ok=True)
         self.logs = args.work / "logs"
+        # Every name and schedule checked before OUT and WORK are made: a mistake leaves nothing behind.
+        self.schedules = dict(self.spec.get("schedules", {}), **named_schedules(args.schedule))
+        self.servers = [Server(matrix.parse_server(n, self.schedules), 0, self.logs / f"{n}.log") for n in names]
+        args.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.state = args.work / "servers.json"
         self.oracle_path = args.work / "oracle.json"
         self.carried_oracle = args.oracle_file
-        self.schedules = dict(self.spec.get("schedules", {}), **named_schedules(args.schedule))
-        self.servers = [Server(matrix.parse_server(n, self.schedules), 0, self.logs / f"{n}.log") for n in names]
         self.trace = args.work / "trace.k26"
         self.envs: dict[str, dict] = {}
         self.previous: dict[str, dict] = {}  # servers earlier runs kept for other runs
@@ -780,6 +781,10 @@ def named_schedules(items: list[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise UserError(f"--schedule {item!r}: expected NAME=SCHEDULE or NAME=@FILE")
+        if not matrix.SCHEDULE_NAME.fullmatch(name):
+            # Any other name no server name could ever refer to.
+            raise UserError(f"--schedule {item!r}: NAME is a lowercase letter, then lowercase letters or digits "
+                            "(server ddtree-sNAME-...)")
         if value.startswith("@"):
             tuned = schedule_file.read(Path(value[1:]))
             if tuned.schedule is None:

@@ -29,8 +29,9 @@ from k26_ddtree.errors import UserError
 BUDGETS = (4, 8, 16, 32, 64)
 TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
+SCHEDULE_NAME = re.compile(r"[a-z][a-z0-9]*")
 _NAME = re.compile(
-    r"^(ar|dflash(?P<dflash_weak>-weak)?|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>[a-z][a-z0-9]*))"
+    r"^(ar|dflash(?P<dflash_weak>-weak)?|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>" + SCHEDULE_NAME.pattern + r"))"
     r"-(?P<drafter>real|weak|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
 )
 # The drafter checkpoint folder of each drafter kind, under the models folder.

@@ -22,6 +22,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.jsonread import Unreadable, read_json
 
@@ -135,8 +136,9 @@ def check(tune_path: Path, speed_path: Path, schedule_server: str) -> dict:
 
 def _prediction(tuned: dict, predicted: dict, config: str | None, is_schedule: bool, c: int):
     if is_schedule:
-        best = next(p["best"] for p in tuned["per_concurrency"] if p["concurrency"] == c)
-        return best["acceptance"], best["tok_s"]
+        # A C the speed table measured but tune was not asked for has no prediction.
+        best = next((p["best"] for p in tuned["per_concurrency"] if p["concurrency"] == c), None)
+        return None if best is None else (best["acceptance"], best["tok_s"])
     row = predicted.get(config) if config else None
     if row is None or str(c) not in row["predicted"]:
         return None
@@ -175,8 +177,10 @@ def markdown(result: dict) -> str:
     lines += ["", "| C | schedule tok/s | best single | its tok/s | ×best | ×DFLASH |", "|---|---|---|---|---|---|"]
     for v in result["verdicts"]:
         ratio = (lambda x: f"{x:.2f}" if x is not None else "-")
-        lines.append(f"| {v['concurrency']} | {v['schedule_tok_s']:.0f} | {v['best_single']} | "
-                     f"{v['best_single_tok_s']:.0f} | {ratio(v['vs_best'])} | {ratio(v['vs_dflash'])} |")
+        # No single config measured at this C (a table of AR and the schedule only): "-".
+        single = "-" if v["best_single_tok_s"] is None else f"{v['best_single_tok_s']:.0f}"
+        lines.append(f"| {v['concurrency']} | {v['schedule_tok_s']:.0f} | {v['best_single'] or '-'} | "
+                     f"{single} | {ratio(v['vs_best'])} | {ratio(v['vs_dflash'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -192,14 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = check(args.tune, args.speed, args.schedule_server)
+        # In the try too: a value of the wrong type (a string tok/s) only fails where it is formatted.
+        text = markdown(result)
+        if args.out:
+            atomic.write_text(args.out, json.dumps(result, indent=1) + "\n")
+            atomic.write_text(args.out.with_suffix(".md"), text)
     except (UserError, KeyError, TypeError, ValueError) as err:
         print(f"tuning: error: {err}", file=sys.stderr)
         return 2
-    text = markdown(result)
     print(text, end="")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(text)
     return 0
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -40,6 +41,7 @@ from pathlib import Path
 import torch
 
 from k26_ddtree.errors import UserError
+from k26_ddtree.jsonread import read_json
 
 INIT_STD = 0.02
 
@@ -133,15 +135,23 @@ def widen(src: dict, config: dict, extra_layers: int, copies: int, topk_group: i
 def write_model(models: Path, out: Path, extra_layers: int, copies: int, topk_group: int, moe_intermediate: int,
                 jitter: float, device: str) -> dict:
     """OUT/target (the widened checkpoint) beside links to MODELS' drafters, prompts and reports."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
     target = models / "target"
+    if out.resolve() == models.resolve():
+        # out/target would replace the trained target it is read from.
+        raise UserError(f"--out {out} is the --models folder: give a new folder")
     try:
-        config = json.loads((target / "config.json").read_text())
+        config = read_json(target / "config.json")
+        if not isinstance(config, dict):
+            raise ValueError("config.json is not an object")
         src = load_file(str(target / "model.safetensors"), device=device)
-    except (OSError, ValueError) as err:
+        tensors, wide = widen(src, config, extra_layers, copies, topk_group, moe_intermediate, jitter)
+    except (OSError, ValueError, TypeError, SafetensorError) as err:
         raise UserError(f"{target}: not a tiny target checkpoint ({err})") from None
-    tensors, wide = widen(src, config, extra_layers, copies, topk_group, moe_intermediate, jitter)
+    except KeyError as err:  # a config key or tensor a tiny target has
+        raise UserError(f"{target}: not a tiny target checkpoint (no {err})") from None
     out.mkdir(parents=True, exist_ok=True)
     for entry in models.iterdir():
         if entry.name != "target" and not (out / entry.name).exists():
@@ -179,11 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.extra_layers < 0 or args.copies < 1:
         print("widen: error: --extra-layers must be >= 0 and --copies >= 1", file=sys.stderr)
         return 2
+    if not 0 <= args.jitter < math.inf:  # NaN fails this too; it would make every gate row NaN
+        print(f"widen: error: --jitter must be a finite number >= 0, got {args.jitter}", file=sys.stderr)
+        return 2
     try:
         report = write_model(args.models, args.out, args.extra_layers, args.copies, args.topk_group,
                              args.moe_intermediate, args.jitter, args.device)
     except UserError as err:
         print(f"widen: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # --out a file, or under one, or not writable
+        print(f"widen: error: cannot write {args.out}: {err.strerror or err}", file=sys.stderr)
         return 2
     (args.out / "widen_report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report))

@@ -412,11 +412,15 @@ def check_target_runner(model_runner, vocab_size: int, topk: int) -> None:
 
 
 def max_tree_tokens(server_args) -> int:
-    """The largest tree's token count (budget + 1), before finalize resolves the block size."""
+    """The most tokens a bucket verifies per request, before finalize resolves the block size: a
+    tree's budget + 1, a chain's block where --speculative-dflash-block-size gives it (the
+    draft config's is read later; k26-deploy's units always give it)."""
     text = server_args.speculative_ddtree_budget_schedule
     if text is None:
         return int(server_args.speculative_ddtree_budget) + 1
-    return max(entry.budget for entry in parse_schedule(text)) + 1
+    block = server_args.speculative_dflash_block_size
+    return max(int(block) if entry.chain and block is not None else entry.budget + 1
+               for entry in parse_schedule(text))
 
 
 def verify_reserved_mem_mb(server_args, vocab_size: int, context_len: int) -> float:

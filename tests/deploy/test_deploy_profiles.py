@@ -227,6 +227,11 @@ def test_a_schedule_replaces_budget_and_topk_in_the_unit():
         (["speculative.schedule=1:8/4,4:16"], "'4:16' is not bs:budget/topk or bs:0"),
         (["speculative.schedule=1:0,8:0"], "every bucket is the chain"),
         (["speculative.schedule=1:8/4", "speculative.algorithm=DFLASH"], "needs speculative.algorithm DDTREE"),
+        # int() alone would refuse past 4300 digits in a traceback.
+        ([f"speculative.schedule=1:{'9' * 5000}/4"], "a number of more than 18 digits"),
+        # Other scripts' digits and spaces would reach the unit as typed.
+        (["speculative.schedule=\u0661:8/4"], "'\u0661:8/4' is not bs:budget/topk or bs:0"),
+        (["speculative.schedule=1:8/4,\u00a04:0"], "is not bs:budget/topk or bs:0"),
     ],
 )
 def test_bad_schedules_are_one_line_errors(sets, expected):
@@ -261,6 +266,8 @@ def test_reconfigure_rejects_a_bad_schedule_before_touching_systemd(args, expect
         ('{"schedule": "1:8/4", "spine": true}', "is not a k26-deploy tune schedule file"),
         ('{"schema": "k26-ddtree-tune/1", "schedule": 8, "spine": true}', '"schedule" must be a string'),
         ('{"schema": "k26-ddtree-tune/1", "schedule": "0:8/4", "spine": true}', "must start at batch size 1"),
+        ('{"schema": "k26-ddtree-tune/1", "schedule": "1:%s/4", "spine": true}' % ("9" * 5000),
+         "a number of more than 18 digits"),
     ],
 )
 def test_reconfigure_rejects_a_bad_schedule_file_in_one_line(tmp_path, text, expected):

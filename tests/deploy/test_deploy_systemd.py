@@ -149,6 +149,10 @@ def test_install_start_reconfigure_and_rollback(systemd_ns, scratch):
     assert code == 200 and info["speculative_ddtree_budget"] == 16 and info["pid"] == main_pid()
 
     # tune's schedule file: its schedule and its spine replace budget/topk; --budget brings them back.
+    # The documented tune flow measures DFLASH last, so the file replaces a DFLASH unit.
+    dflash = k26("reconfigure", "--set", "speculative.algorithm=DFLASH", "--allow-missing-model")
+    assert dflash.returncode == 0, explain(dflash)
+    assert "--speculative-ddtree-budget" not in _get(url, "/server_info")[1]["argv"]
     tuned = scratch / "tuned.json"
     tuned.write_text(json.dumps({"schema": "k26-ddtree-tune/1", "schedule": "1:16/4,8:8/4,32:0", "spine": False,
                                  "buckets": []}))
@@ -159,6 +163,7 @@ def test_install_start_reconfigure_and_rollback(systemd_ns, scratch):
     assert code == 200 and info["pid"] == main_pid()
     argv = info["argv"]
     assert argv[argv.index("--speculative-ddtree-budget-schedule") + 1] == "1:16/4,8:8/4,32:0"
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DDTREE"
     assert "--speculative-ddtree-budget" not in argv and "--speculative-ddtree-spine" not in argv
     restored = k26("reconfigure", "--budget", "16", "--set", "speculative.spine=true", "--allow-missing-model")
     assert restored.returncode == 0, explain(restored)

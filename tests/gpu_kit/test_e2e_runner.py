@@ -278,3 +278,23 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
         costs = json.load(archive.extractfile("tune/costs.json"))
     assert [c["concurrency"] for c in costs["runs"][0]["cells"]] == [1, 4, 16, 64]
     assert not (tmp_path / "out" / "tune").exists()
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ("tuned", "expected NAME=SCHEDULE or NAME=@FILE"),
+    ("Tuned=1:8/4", "NAME is a lowercase letter"),
+    ("tuned=@/nonexistent/tuned.json", "does not exist (k26-deploy tune writes one)"),
+    ("tuned=1:8/4,,4:0", "server ddtree-stuned-real: schedule '1:8/4,,4:0': '' is not bs:budget/topk"),
+])
+def test_a_bad_schedule_is_one_line_and_leaves_no_out_or_work(setup, schedule, message):
+    tmp_path, models, matrix = setup
+    spec = json.loads(matrix.read_text())
+    spec["runs"]["s"] = ["ar", "ddtree-stuned-real"]
+    matrix.write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=str(REPO), **STANDIN_ENV)
+    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "s",
+           "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
+           "--work", str(tmp_path / "work"), "--schedule", schedule]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()

@@ -3,6 +3,7 @@ proving ground committed: session 4's cost-realistic target, tune run on the dev
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,42 @@ def test_a_missing_file_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.tuning", "--tune", str(tmp_path / "none.json"),
                            "--speed", str(SPEED), "--schedule-server", "x"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("tuning: error:")
+
+
+def _tool(tmp_path, speed: dict, tune: dict | None = None, *extra: str) -> subprocess.CompletedProcess:
+    tune_path, speed_path = tmp_path / "tune.json", tmp_path / "speed.json"
+    tune_path.write_text(json.dumps(tune or {"predictions": [], "per_concurrency": []}))
+    speed_path.write_text(json.dumps(speed))
+    return subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.tuning", "--tune", str(tune_path), "--speed",
+                           str(speed_path), "--schedule-server", "ddtree-smine-real", *extra],
+                          capture_output=True, text=True)
+
+
+def _cell(server: str, tok_s, c: int = 1) -> dict:
+    return {"cell": f"greedy-c{c}", "server": server, "median_tok_s": tok_s}
+
+
+def test_a_table_of_the_schedule_alone_has_no_rival_to_show(tmp_path):
+    tune = {"predictions": [], "per_concurrency": [{"concurrency": 1, "best": {"acceptance": 2.0, "tok_s": 60.0}}]}
+    proc = _tool(tmp_path, {"speed": [_cell("ddtree-smine-real", 50.0)]}, tune)
+    assert proc.returncode == 0, proc.stderr
+    assert "| ddtree-smine-real | 1 | 50 | 60 | +20.0% |" in proc.stdout
+    assert "| 1 | 50 | - | - | - | - |" in proc.stdout
+
+
+def test_the_schedule_at_a_concurrency_tune_did_not_predict_is_measured_only(tmp_path):
+    proc = _tool(tmp_path, {"speed": [_cell("ddtree-smine-real", 50.0, 4), _cell("dflash", 40.0, 4)]})
+    assert proc.returncode == 0, proc.stderr
+    assert "| ddtree-smine-real | 4 | 50 | - | - |" in proc.stdout
+    assert "| 4 | 50 | dflash | 40 | 1.25 | 1.25 |" in proc.stdout
+
+
+@pytest.mark.parametrize("out", ["dir", "file/x.json"])
+def test_bad_values_and_unwritable_outputs_are_one_line_and_exit_2(tmp_path, out):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("")
+    proc = _tool(tmp_path, {"speed": [_cell("ddtree-smine-real", "fast")]})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("tuning: error:")
+    proc = _tool(tmp_path, {"speed": [_cell("ddtree-smine-real", 50.0)]}, None, "--out", str(tmp_path / out))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stdout == "" and not (tmp_path / out).with_suffix(".md").exists()

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -70,3 +71,44 @@ def test_bad_settings_are_one_line_errors(tmp_path):
                            str(tmp_path / "w"), "--copies", "4", "--topk-group", "5", "--device", "cpu"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == "widen: error: --topk-group must be 1..--copies (4), got 5"
+
+
+def _widen_cli(models, out, *extra):
+    return subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.widen", "--models", str(models), "--out", str(out),
+                           "--copies", "2", "--topk-group", "1", "--extra-layers", "0", "--moe-intermediate", "32",
+                           "--device", "cpu", *extra], capture_output=True, text=True)
+
+
+def _one_line(proc, expected):
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("widen: error: ") and expected in proc.stderr, proc.stderr
+
+
+def test_out_as_the_models_folder_or_a_file_is_refused_and_the_trained_target_kept(tmp_path):
+    models = trained_pair(tmp_path)
+    before = (models / "target" / "model.safetensors").read_bytes()
+    _one_line(_widen_cli(models, models), "is the --models folder")
+    assert (models / "target" / "model.safetensors").read_bytes() == before
+    (tmp_path / "file").write_text("")
+    _one_line(_widen_cli(models, tmp_path / "file"), "cannot write")
+    _one_line(_widen_cli(models, tmp_path / "file" / "w"), "cannot write")
+    _one_line(_widen_cli(models, tmp_path / "w", "--jitter", "nan"), "--jitter must be a finite number >= 0")
+
+
+@pytest.mark.parametrize(
+    "config, weights, expected",
+    [
+        ("[1]", None, "config.json is not an object"),
+        ('{"n_group": 1}', None, "(no 'moe_intermediate_size')"),
+        ("[" * 100000, None, "config.json nests deeper than the JSON reader goes"),
+        (None, b"not safetensors", "not a tiny target checkpoint"),
+    ],
+)
+def test_a_broken_target_is_one_line(tmp_path, config, weights, expected):
+    models = trained_pair(tmp_path)
+    if config is not None:
+        (models / "target" / "config.json").write_text(config)
+    if weights is not None:
+        (models / "target" / "model.safetensors").write_bytes(weights)
+    _one_line(_widen_cli(models, tmp_path / "w"), expected)
+    assert not (tmp_path / "w").exists(), "nothing written for a target that cannot be widened"

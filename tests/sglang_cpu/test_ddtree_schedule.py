@@ -57,6 +57,8 @@ def test_ddtree_spelling_takes_a_schedule_and_resolution_is_idempotent(patched_s
         (["--speculative-ddtree-budget-schedule", "1:8/4,4:16"], r"'4:16' is not bs:budget/topk or bs:0"),
         (["--speculative-ddtree-budget-schedule", "1:8/4,,4:0"], r"'' is not bs:budget/topk"),
         (["--speculative-ddtree-budget-schedule", "1:8/0"], "budget and topk must be >= 1"),
+        (["--speculative-ddtree-budget-schedule", f"1:8/4,{'9' * 5000}:0"], "a number of more than 18 digits"),
+        (["--speculative-ddtree-budget-schedule", "1:8/\u0664"], "is not bs:budget/topk or bs:0"),
         (["--speculative-ddtree-budget-schedule", "1:0,8:0"], "every bucket is the chain, which is linear DFLASH"),
         (["--speculative-ddtree-budget-schedule", "1:8/4", "--speculative-ddtree-budget", "8"], "give the schedule alone"),
         (["--speculative-ddtree-budget-schedule", "1:8/4", "--speculative-ddtree-topk", "4"], "give the schedule alone"),
@@ -85,6 +87,18 @@ def test_memory_estimate_takes_the_largest_tree(patched_sglang, models):
 
     one = schedule_args(models, "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk", "8")
     scheduled = schedule_args(models, "--speculative-ddtree-budget-schedule", "1:32/8,4:8/4,16:0")
+    assert verify_reserved_mem_mb(scheduled, 1000, 4096) == verify_reserved_mem_mb(one, 1000, 4096)
+
+
+def test_memory_estimate_counts_a_chain_bucket_s_block(patched_sglang, models):
+    from k26_ddtree.sglang.args import verify_reserved_mem_mb
+
+    # The chain bucket verifies the block's 16 tokens per request, more than the tree's 3.
+    scheduled = schedule_args(models, "--speculative-ddtree-budget-schedule", "1:2/1,4:0",
+                              "--speculative-dflash-block-size", "16")
+    assert scheduled.speculative_num_draft_tokens == 16
+    one = schedule_args(models, "--speculative-ddtree-budget", "15", "--speculative-ddtree-topk", "4",
+                        "--speculative-dflash-block-size", "16")
     assert verify_reserved_mem_mb(scheduled, 1000, 4096) == verify_reserved_mem_mb(one, 1000, 4096)
 
 
