@@ -16,8 +16,10 @@ EXAMPLE = "1:32/8,4:16/4,16:8/4,64:0"
 # ASCII only: \d and \s would also take other scripts' digits and spaces, which int() reads but
 # which then reach the profile and the unit as they were typed.
 _ENTRY = re.compile(r"\s*(\d+)\s*:\s*(?:(0)|(\d+)\s*/\s*(\d+))\s*", re.ASCII)
-# Beyond any batch size, budget or topk; and int() refuses numbers past 4300 digits with a bare ValueError.
+# Beyond any batch size, budget or topk a server could mean.
 _MAX_DIGITS = 18
+# The text goes into the unit's ExecStart line as given; a few hundred buckets fit well within this.
+MAX_CHARS = 4096
 
 
 class ScheduleError(ValueError):
@@ -45,6 +47,8 @@ def parse(text: str) -> list[Entry]:
     """The buckets of a schedule; checks what needs no block size: the syntax and the batch sizes
     increasing from 1. A schedule of chains only parses (it is linear DFLASH); serving it as a
     DDTree schedule is refused where it is served (check)."""
+    if len(str(text)) > MAX_CHARS:
+        raise ScheduleError(f"longer than {MAX_CHARS} characters ({len(str(text))})")
     entries = []
     for part in str(text).split(","):
         match = _ENTRY.fullmatch(part)

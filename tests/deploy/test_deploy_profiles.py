@@ -226,9 +226,10 @@ def test_a_schedule_replaces_budget_and_topk_in_the_unit():
         (["speculative.schedule=1:8/1"], "bucket 1:8/1: budget 8 is larger than the 7 distinct"),
         (["speculative.schedule=1:8/4,4:16"], "'4:16' is not bs:budget/topk or bs:0"),
         (["speculative.schedule=1:0,8:0"], "every bucket is the chain"),
+        (["speculative.schedule=1:8/4" + " " * 5000], "longer than 4096 characters (5005)"),
         (["speculative.schedule=1:8/4", "speculative.algorithm=DFLASH"], "needs speculative.algorithm DDTREE"),
         # int() alone would refuse past 4300 digits in a traceback.
-        ([f"speculative.schedule=1:{'9' * 5000}/4"], "a number of more than 18 digits"),
+        ([f"speculative.schedule=1:{'9' * 30}/4"], "a number of more than 18 digits"),
         # Other scripts' digits and spaces would reach the unit as typed.
         (["speculative.schedule=\u0661:8/4"], "'\u0661:8/4' is not bs:budget/topk or bs:0"),
         (["speculative.schedule=1:8/4,\u00a04:0"], "is not bs:budget/topk or bs:0"),
@@ -266,7 +267,7 @@ def test_reconfigure_rejects_a_bad_schedule_before_touching_systemd(args, expect
         ('{"schedule": "1:8/4", "spine": true}', "is not a k26-deploy tune schedule file"),
         ('{"schema": "k26-ddtree-tune/1", "schedule": 8, "spine": true}', '"schedule" must be a string'),
         ('{"schema": "k26-ddtree-tune/1", "schedule": "0:8/4", "spine": true}', "must start at batch size 1"),
-        ('{"schema": "k26-ddtree-tune/1", "schedule": "1:%s/4", "spine": true}' % ("9" * 5000),
+        ('{"schema": "k26-ddtree-tune/1", "schedule": "1:%s/4", "spine": true}' % ("9" * 30),
          "a number of more than 18 digits"),
     ],
 )
