@@ -801,20 +801,9 @@ def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = out / "bench-harness.json"
     log = out / "bench-harness.log"
-    by_name = {s.spec.name: s for s in servers}
-    for name in args.bench_server:
-        server = by_name.get(name)
-        if server is None or server.status != "ready":
-            say(f"bench harness: {name} is not ready, skipped")
-            continue
-        budget = deadline - time.time() - MIN_WORKLOAD_S
-        if budget < 20:
-            say(f"bench harness: no time left for {name}")
-            break
-        rc = tuning.bench_run(server.url, results, name, ["--contexts", "60,512", "--concurrency", "1,8",
-                                                          "--output-len", "128", "--id-range", "3:2000", "--seed",
-                                                          "0", "--quiet"], log, budget)
-        say(f"bench harness {name}: exit {rc}")
+    tuning.bench_servers(servers, args.bench_server, results, log,
+                         ["--contexts", "60,512", "--concurrency", "1,8", "--output-len", "128", "--id-range",
+                          "3:2000", "--seed", "0", "--quiet"], deadline - MIN_WORKLOAD_S, "bench harness", say)
     if results.exists():
         with log.open("a") as fh:
             subprocess.run([sys.executable, "-m", "k26_ddtree", "bench", "report", str(results), "--out", str(out)],

@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 
 from k26_ddtree import atomic
+from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.errors import UserError
+from k26_ddtree.gpu.matrix import parse_server
 from k26_ddtree.jsonread import Unreadable, read_json
 
 TUNE_CONCURRENCY = (1, 4, 16, 64)
@@ -49,7 +51,9 @@ def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
     costs, log = out / "costs.json", out / "tune.log"
     levels = ",".join(map(str, TUNE_CONCURRENCY))
     try:
-        _measure_costs(servers, args, costs, log, levels, deadline, say)
+        # Tune needs the last minute.
+        bench_servers(servers, args.cost_server, costs, log, ["--concurrency", levels, *BENCH_ARGS], deadline - 60,
+                      "tune costs", say)
         _tune(args, out, costs, trace, levels, deadline, say)
     finally:
         # One file back from the device (it brings back at most 8): costs, trace, tune's outputs.
@@ -58,21 +62,23 @@ def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
         shutil.rmtree(out)
 
 
-def _measure_costs(servers, args, costs: Path, log: Path, levels: str, deadline: float, say) -> None:
-    """`k26-deploy bench` (its default requests per cell) against every --cost-server, into `costs`."""
+def bench_servers(servers, names: list[str], results: Path, log: Path, extra: list[str], deadline: float,
+                  what: str, say) -> None:
+    """`bench_run` against each named server that is ready, one at a time, while at least 20 s are
+    left before `deadline`."""
     by_name = {s.spec.name: s for s in servers}
-    for name in args.cost_server:
+    for name in names:
         server = by_name.get(name)
         if server is None or server.status != "ready":
-            say(f"tune costs: {name} is not ready, skipped")
+            say(f"{what}: {name} is not ready, skipped")
             continue
-        left = deadline - time.time() - 60
+        left = deadline - time.time()
         if left < 20:
-            say(f"tune costs: no time left for {name}")
+            say(f"{what}: no time left for {name}")
             break
         t = time.time()
-        rc = bench_run(server.url, costs, name, ["--concurrency", levels, *BENCH_ARGS], log, left)
-        say(f"tune costs {name}: exit {rc} ({time.time() - t:.0f} s)")
+        rc = bench_run(server.url, results, name, extra, log, left)
+        say(f"{what} {name}: exit {rc} ({time.time() - t:.0f} s)")
 
 
 def _tune(args, out: Path, costs: Path, trace: Path, levels: str, deadline: float, say) -> None:
@@ -91,15 +97,14 @@ def _tune(args, out: Path, costs: Path, trace: Path, levels: str, deadline: floa
 
 
 def _served_config(name: str) -> str | None:
-    """The tune config name a matrix server serves (tune's Config.name), None for AR and schedules."""
-    from k26_ddtree.gpu.matrix import parse_server
-
+    """The tune config name (TreeShape.name, or DFLASH) a matrix server serves; None for AR and
+    schedule servers, which serve no one config."""
     if name.startswith("ddtree-s"):
         return None
     spec = parse_server(name)
-    if spec.algo == "DFLASH":
-        return "DFLASH"
-    return f"b{spec.budget}k{spec.topk}" + ("-spine" if spec.spine else "")
+    if spec.algo == "AR":
+        return None
+    return "DFLASH" if spec.algo == "DFLASH" else TreeShape(spec.budget, spec.topk, spec.spine).name
 
 
 def check(tune_path: Path, speed_path: Path, schedule_server: str) -> dict:

@@ -39,6 +39,8 @@ Nothing here imports sglang: server_args.py imports this module.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -139,9 +141,14 @@ class DDTreeSchedule:
     def max_tokens(self) -> int:
         return max(b.tokens for b in self.buckets)
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return [b.min_bs for b in self.buckets]
+
     def index(self, batch_size: int) -> int:
-        """The bucket serving a batch of this size (a batch of 0, an idle one, is the first's)."""
-        return max(i for i, b in enumerate(self.buckets) if b.min_bs <= max(batch_size, 1))
+        """The bucket serving a batch of this size (a batch of 0, an idle one, is the first's);
+        asked every decode step."""
+        return bisect.bisect_right(self._starts, max(batch_size, 1)) - 1
 
     def graph_batch_sizes(self, sizes) -> list[list[int]]:
         """Per bucket, the CUDA-graph batch sizes it captures from the server's `sizes`, plus the
@@ -279,14 +286,12 @@ def _normalize_schedule(server_args) -> None:
             "--speculative-ddtree-topk: give the schedule alone"
         )
     _check_dflash(server_args, "--speculative-ddtree-budget-schedule")
-    entries = parse_schedule(server_args.speculative_ddtree_budget_schedule)
+    parse_schedule(server_args.speculative_ddtree_budget_schedule)
     num_draft_tokens = server_args.speculative_num_draft_tokens
     if num_draft_tokens is None:
         return
     # A ServerArgs rebuilt from a resolved one carries the derived count; anything else is the user's.
-    block = server_args.speculative_dflash_block_size
-    derived = None if block is None else max(int(block) if e.chain else e.budget + 1 for e in entries)
-    if derived is None or int(num_draft_tokens) != derived:
+    if server_args.speculative_dflash_block_size is None or int(num_draft_tokens) != max_tree_tokens(server_args):
         raise DDTreeArgsError(
             "with a DDTree schedule the target's --speculative-num-draft-tokens is derived from it; "
             "set the drafter's block with --speculative-dflash-block-size"
