@@ -49,7 +49,9 @@ class DraftTopK:
 
 def committed_per_root(draft: DraftTopK, shape: TreeShape) -> torch.Tensor:
     """[A] tokens committed (accepted drafts + bonus) by a step rooted at each root; a budget
-    above the number of distinct prefixes is the full tree (the chain at D < 7)."""
+    above the number of distinct prefixes is the full tree (the chain at D < 7). Near the end of
+    the known text a step commits at most the tokens left: the request ended there (its length
+    limit or EOS), and a server cuts the step's commit at the finish too."""
     depth = draft.tokens.shape[1]
     budget = min(shape.budget, max_budget(depth, shape.topk))
     out = []
@@ -57,5 +59,6 @@ def committed_per_root(draft: DraftTopK, shape: TreeShape) -> torch.Tensor:
         part = slice(lo, lo + CHUNK_ROOTS)
         tree = build_ddtree(draft.roots[part], draft.tokens[part, :, :shape.topk], draft.logprobs[part, :, :shape.topk],
                             budget, spine=shape.spine, validate=False, fused=False)
-        out.append(verify_along(tree, draft.truth[part]).accept_len + 1)
+        left = (draft.truth[part] >= 0).sum(dim=1)
+        out.append(torch.minimum(verify_along(tree, draft.truth[part]).accept_len + 1, left))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)

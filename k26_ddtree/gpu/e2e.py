@@ -704,7 +704,8 @@ class MatrixRun:
 
     def run_extras(self) -> None:
         if self.args.cost_server:
-            tuning.costs_and_tune(self.servers, self.args, self.trace, self.deadline, say)
+            tuning.costs_and_tune(self.servers, self.args, self.trace, self.prompts, self.spec["new_tokens"],
+                                  self.deadline, say)
         if self.args.bench_server:
             run_bench_harness(self.servers, self.args, self.deadline)
         for name in self.args.profile_server:
@@ -888,6 +889,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-server", action="append", default=[], metavar="NAME",
                         help="after the cells, `k26-deploy bench` step costs of this server (repeatable), then "
                         "`k26-deploy tune` on the trace and those costs: OUT/tune.json, .png, .txt")
+    parser.add_argument("--cost-seconds", type=float, default=3.0, metavar="S",
+                        help="each cost repeat's closed loop lasts at least S seconds (bench --steady; default 3, "
+                        "the speed table's repeat)")
     parser.add_argument("--tune-args", default="",
                         help="further `k26-deploy tune` arguments, comma-separated (one shell word), e.g. "
                         "--spine=on,--min-budget=8")

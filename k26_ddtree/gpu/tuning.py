@@ -1,11 +1,15 @@
 """`k26-deploy tune` on the proving ground, the way an engineer runs it on a box, then its check.
 
 costs_and_tune (in the run that traced): the server trace comes from the run's own greedy cells
-on the --trace-server (the matrix prompts); step costs from `k26-deploy bench` against each
---cost-server at the tune concurrencies; then `k26-deploy tune` writes tune.json (+ .png, and
-its printout in .txt), all packed with the costs and the trace into OUT/tune.tar.xz; tune.json is
-also kept in WORK for a later call on the warm machine, whose ddtree-s<NAME> server serves it
-(e2e --schedule NAME=@FILE).
+on the --trace-server (the matrix prompts, the run's tokens per request), taken before any bench
+request reaches that server; step costs from `k26-deploy bench run --steady` against each
+--cost-server at the tune concurrencies, on the same prompts and tokens per request: a closed
+loop over whole cycles of the prompts, as the speed table serves them, so the step times are
+those of the steady state the table measures (bench's default cells, a few waves each, had
+DFLASH's C=64 step at 88 ms against the table's 61); then `k26-deploy tune` writes tune.json
+(+ .png, and its printout in .txt), all packed with the costs and the trace into
+OUT/tune.tar.xz; tune.json is also kept in WORK for a later call on the warm machine, whose
+ddtree-s<NAME> server serves it (e2e --schedule NAME=@FILE).
 
 check (here, on the results): tune's predicted acceptance and tok/s of every config in a speed
 table against what the table measured, and the schedule against the best single config and
@@ -30,7 +34,11 @@ from k26_ddtree.jsonread import Unreadable, read_json
 
 TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
-BENCH_ARGS = ["--contexts", "60", "--output-len", "128", "--id-range", "3:2000", "--seed", "0", "--quiet"]
+# Each cost cell: the median of 3 repeats of >= --cost-seconds; 3, not the speed table's 5, so
+# that four cost servers fit one device call beside the lossless cells.
+COST_REPEATS = 3
+# The trace writer's flush interval (sglang.trace.FLUSH_SECONDS) and a margin.
+TRACE_SETTLE_S = 3.0
 
 
 def bench_run(url: str, results: Path, label: str, extra: list[str], log: Path, timeout: float) -> int | str:
@@ -45,16 +53,29 @@ def bench_run(url: str, results: Path, label: str, extra: list[str], log: Path, 
             return "timeout"
 
 
-def costs_and_tune(servers, args, trace: Path, deadline: float, say) -> None:
+def write_prompt_set(path: Path, prompts: list[list[int]]) -> Path:
+    """The run's prompts as a `bench run --prompt-set` file, in their order."""
+    atomic.write_text(path, "".join(json.dumps({"input_ids": ids}) + "\n" for ids in prompts))
+    return path
+
+
+def costs_and_tune(servers, args, trace: Path, prompts: list[list[int]], new_tokens: int, deadline: float,
+                   say) -> None:
     out = args.out / "tune"
     out.mkdir(parents=True, exist_ok=True)
-    costs, log = out / "costs.json", out / "tune.log"
+    costs, log, kept = out / "costs.json", out / "tune.log", out / "trace.k26"
     levels = ",".join(map(str, TUNE_CONCURRENCY))
     try:
+        if trace.is_file():
+            # The cost benches would add their own requests to the trace server's file.
+            time.sleep(TRACE_SETTLE_S)
+            shutil.copyfile(trace, kept)
+        bench = ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
+                 "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", str(COST_REPEATS),
+                 "--quiet"]
         # Tune needs the last minute.
-        bench_servers(servers, args.cost_server, costs, log, ["--concurrency", levels, *BENCH_ARGS], deadline - 60,
-                      "tune costs", say)
-        _tune(args, out, costs, trace, levels, deadline, say)
+        bench_servers(servers, args.cost_server, costs, log, bench, deadline - 60, "tune costs", say)
+        _tune(args, out, costs, kept, levels, deadline, say)
     finally:
         # One file back from the device (it brings back at most 8): costs, trace, tune's outputs.
         with tarfile.open(args.out / "tune.tar.xz", "w:xz") as archive:
@@ -85,7 +106,6 @@ def _tune(args, out: Path, costs: Path, trace: Path, levels: str, deadline: floa
     if not trace.is_file() or not costs.is_file():
         say(f"tune: no {'trace' if not trace.is_file() else 'costs'}; not run")
         return
-    shutil.copyfile(trace, out / "trace.k26")
     cmd = [sys.executable, "-m", "k26_ddtree", "tune", "--trace", str(trace), "--costs", str(costs),
            "--concurrency", levels, "--model", str(args.models / "target"), "--out", str(out / "tune.json"),
            "--plot", str(out / "tune.png"), *[a for a in args.tune_args.split(",") if a]]

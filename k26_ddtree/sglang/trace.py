@@ -18,6 +18,9 @@ File layout (version 1), little-endian, append-only:
         logprobs  f32[D * TOPK]   their log-probs, descending per depth
         committed i32[D + 1]      the tokens the step committed, -1 padded
 
+Only greedy requests are recorded (top_k 1, which SGLang makes of temperature 0): a
+sampled step's committed text is a draw, not the argmax continuation the replay matches.
+
 The server writes it (`--speculative-ddtree-trace PATH`, capped by
 `--speculative-ddtree-trace-max-mb`): the drafter keeps each step's top-TOPK on
 the device (StepDraft, carried on the step's StepTree), the verify records it
@@ -351,11 +354,13 @@ class StepDraft:
         ], dim=1)
         return cls(writer, columns)
 
-    def record(self, rids: list[str], steps: list[int], committed: list[list[int]]) -> None:
-        """The step's records: per request its id, its decode step and the tokens it committed."""
+    def record(self, rids: list[str], steps: list[int], committed: list[list[int]],
+               rows: list[int] | None = None) -> None:
+        """The step's records: per request its id, its decode step and the tokens it committed;
+        `rows` picks the batch rows they are of (default: every row, in order)."""
         if not self.writer.active:
             return
-        host = self.columns.cpu()
+        host = self.columns.cpu() if rows is None else self.columns[rows].cpu()
         batch, span = host.shape[0], (host.shape[1] - 1) // 2
         shape = (batch, span // TOPK, TOPK)
         tokens = host[:, 1:1 + span].reshape(shape)

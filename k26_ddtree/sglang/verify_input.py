@@ -16,7 +16,7 @@ block. Its verify reads top-down:
                       order (the rest freed) and the path nodes' hidden states as
                       the next draft context (verify_utils.commit_path)
   trace_step          only while the server traces: the step's records (drafter
-                      top-8, committed tokens) to the trace writer
+                      top-8, committed tokens) of its greedy requests to the trace writer
 
 Everything returned is a fresh tensor (index copies), never a view into the
 CUDA-graph output buffers (the target's and step_graphs'), which the next
@@ -132,13 +132,20 @@ def commit_on_device(batch: ScheduleBatch, num_nodes: int, acceptance: PackedAcc
     return DeviceCommit(new_verified_id, commit_lens.to(torch.int32), next_hidden)
 
 
-def trace_step(draft: StepDraft, reqs: List[Req], committed: List[List[int]], host: HostCommit) -> None:
-    """The step's trace records: per request the tokens it appended (cut at a finish) and its
-    decode step from 0 (record_on_requests has already counted this one)."""
+def trace_step(draft: StepDraft, reqs: List[Req], committed: List[List[int]], host: HostCommit,
+               all_greedy: bool) -> None:
+    """The step's trace records: per greedy request the tokens it appended (cut at a finish) and
+    its decode step from 0 (record_on_requests has already counted this one). Sampled requests
+    are left out: tune replays greedy acceptance, which a sampled step's text does not give."""
+    # SGLang turns temperature 0 into top_k 1; top_k 1 at any temperature is the argmax too.
+    rows = range(len(reqs)) if all_greedy else [i for i, req in enumerate(reqs) if req.sampling_params.top_k == 1]
+    if not rows:
+        return
     draft.record(
-        [req.rid for req in reqs],
-        [req.spec_verify_ct - 1 for req in reqs],
-        [tokens[:length] for tokens, length in zip(committed, host.commit_lens)],
+        [reqs[i].rid for i in rows],
+        [reqs[i].spec_verify_ct - 1 for i in rows],
+        [committed[i][:host.commit_lens[i]] for i in rows],
+        rows=None if all_greedy else list(rows),
     )
 
 
@@ -217,5 +224,6 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         commit = commit_on_device(batch, self.draft_token_num, acceptance, host, hidden)
         logits_output.hidden_states = None
         if self.step.trace is not None:
-            trace_step(self.step.trace, batch.reqs, committed, host)
+            trace_step(self.step.trace, batch.reqs, committed, host,
+                       batch.sampling_info is None or batch.sampling_info.is_all_greedy)
         return commit.new_verified_id, commit.commit_lens, commit.next_hidden, host.accepted

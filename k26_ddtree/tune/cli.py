@@ -57,7 +57,7 @@ def _read_trace(path: Path):
 
 def _estimate(rep: Replay, shapes: list[TreeShape], quiet: bool) -> dict:
     from k26_ddtree.progress import Reporter, TotalMeter
-    from k26_ddtree.tune.estimate import acceptance
+    from k26_ddtree.tune.estimate import acceptance, as_served
 
     reporter = Reporter(sys.stderr, quiet=quiet)
     reporter.line(f"tune: replaying {rep.steps} steps under {len(shapes)} tree shapes")
@@ -69,7 +69,7 @@ def _estimate(rep: Replay, shapes: list[TreeShape], quiet: bool) -> dict:
 
     table = acceptance(rep, shapes, on_shape)
     reporter.finish(meter)
-    return table
+    return as_served(table, rep)
 
 
 def _write(out: Path, plot: Path, outcome: Outcome) -> None:

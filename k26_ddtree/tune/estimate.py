@@ -8,6 +8,10 @@ tokens the request actually committed from that root on, plus the bonus: the kno
 continuation is the step's own committed tokens followed by those of the request's
 next steps. The steps are the roots the served shape visited; another shape would have
 visited others of the same text, so the mean over the traced steps is the estimate.
+
+SGLang's accept_length (and bench's) is completion tokens per verify step, and a request's
+first token comes from its prefill, not from a step; `as_served` scales the per-step means
+by that, from the trace's whole requests, so tune's figures read like the server's.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class Replay:
 
     roots [S], tokens / logprobs [S, D, TOPK], truth [S, D + 1] (-1 past the request's known text)
     short: steps whose known text ends before D + 1 tokens; requests: distinct requests
+    served_scale: completion tokens over decode-step tokens of the requests traced from their
+    first step on without a gap (1 when there is none)
     """
 
     roots: torch.Tensor
@@ -40,6 +46,7 @@ class Replay:
     truth: torch.Tensor
     short: int
     requests: int
+    served_scale: float
 
     @property
     def depth(self) -> int:
@@ -92,8 +99,23 @@ def replay(steps: Steps) -> Replay:
     known = at < run_end.unsqueeze(1)
     padded = torch.cat([stream, stream.new_full((1,), -1)])  # slot len(stream): an index past every run
     truth = torch.where(known, padded[at.clamp(max=len(stream))], -1)
+    keys, which = torch.unique(request, return_inverse=True)
     return Replay(roots=steps.root[order], tokens=steps.tokens[order], logprobs=steps.logprobs[order], truth=truth,
-                  short=int((~known[:, -1]).sum()), requests=int(torch.unique(request).numel()))
+                  short=int((~known[:, -1]).sum()), requests=int(keys.numel()),
+                  served_scale=_served_scale(which, number, counts, int(keys.numel())))
+
+
+def _served_scale(which: torch.Tensor, number: torch.Tensor, counts: torch.Tensor, requests: int) -> float:
+    """(prefill token + decode tokens) / decode tokens, summed over the requests whose steps run
+    0, 1, ... without a gap; which [S] each step's request index, number [S], counts [S] its tokens."""
+    ones = torch.ones_like(number)
+    steps = torch.zeros(requests, dtype=number.dtype).scatter_add(0, which, ones)
+    first = torch.full((requests,), torch.iinfo(number.dtype).max, dtype=number.dtype).scatter_reduce(
+        0, which, number, "amin")
+    last = torch.zeros(requests, dtype=number.dtype).scatter_reduce(0, which, number, "amax")
+    decoded = torch.zeros(requests, dtype=counts.dtype).scatter_add(0, which, counts)[(first == 0) & (last + 1 == steps)]
+    total = int(decoded.sum())
+    return (total + decoded.numel()) / total if total else 1.0
 
 
 def check_drafts(rep: Replay, where: str) -> None:
@@ -108,6 +130,12 @@ def check_drafts(rep: Replay, where: str) -> None:
 def committed_per_step(rep: Replay, shape: TreeShape) -> torch.Tensor:
     """[S] tokens each traced step would have committed under `shape` (accepted drafts + bonus)."""
     return committed_per_root(DraftTopK(rep.tokens, rep.logprobs, rep.truth, rep.roots), shape)
+
+
+def as_served(table: dict[TreeShape, float], rep: Replay) -> dict[TreeShape, float]:
+    """Per-step means as SGLang counts acceptance: every shape decodes the same requests, so one
+    scale holds for all."""
+    return {shape: value * rep.served_scale for shape, value in table.items()}
 
 
 def acceptance(rep: Replay, shapes: list[TreeShape],

@@ -8,6 +8,7 @@ time is the DFLASH run's own, where the costs hold one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from k26_ddtree.core.acceptance import TreeShape
@@ -65,14 +66,20 @@ class Plan:
         return ranked[1] if len(ranked) > 1 else None
 
     def buckets(self) -> list[tuple[int, Config, list[int]]]:
-        """(from batch size, config, the concurrencies it won): one per change of config, from 1 up."""
+        """(from batch size, config, the concurrencies it won): one per change of config, from 1 up.
+
+        A bucket won at C starts at the geometric midpoint between the previous concurrency and C,
+        not at C: C requests served in a closed loop run steps at C - 1 and below (between a
+        request's finish and its successor's prefill, in the tail), and the step time grows about
+        with log C, so a batch between two planned levels is served by the nearer one."""
         out: list[tuple[int, Config, list[int]]] = []
-        for c in sorted(self.ranked):
+        levels = sorted(self.ranked)
+        for previous, c in zip([None, *levels], levels):
             config = self.best(c).config
             if out and out[-1][1].token == config.token:
                 out[-1][2].append(c)
             else:
-                out.append((1 if not out else c, config, [c]))
+                out.append((1 if not out else math.isqrt(previous * c - 1) + 1, config, [c]))
         return out
 
     def schedule(self) -> str:

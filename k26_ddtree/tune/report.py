@@ -95,7 +95,9 @@ def summary(o: Outcome) -> str:
 def notes(o: Outcome) -> list[str]:
     rep, budgets = o.replay, o.budgets
     out = [f"{rep.steps} traced steps of {rep.requests} requests; {rep.short} short (their request's known text "
-           f"ends before D + 1 = {rep.depth + 1} tokens, padded with -1, which matches nothing)",
+           f"ends before D + 1 = {rep.depth + 1} tokens: a step there commits at most what is known)",
+           f"acceptance counted as SGLang does, completion tokens per verify step: the per-step means x "
+           f"{rep.served_scale:.4f} for the prefill's first token of the whole requests traced",
            f"step times: {o.costs.source}, mean over contexts {', '.join(map(str, o.costs.contexts))}; "
            f"budgets searched {budgets.start}-{budgets.stop - 1}"]
     if not o.costs.chain:

@@ -265,7 +265,7 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
     (models / "target" / "config.json").write_text(json.dumps({"vocab_size": 2048}))  # bench reads it
     done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN),
                            "--schedule", f"tuned=@{tuned}", "--cost-server", "ddtree-stuned-real-spine",
-                           run="sched")
+                           "--cost-seconds", "0.2", run="sched")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     by_name = {s["name"]: s for s in report["servers"]}
     cells = by_name["ddtree-stuned-real-spine"]["cells"]
@@ -276,7 +276,11 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
     assert "tune: no trace; not run" in done.stdout
     with tarfile.open(tmp_path / "out" / "tune.tar.xz") as archive:
         costs = json.load(archive.extractfile("tune/costs.json"))
-    assert [c["concurrency"] for c in costs["runs"][0]["cells"]] == [1, 4, 16, 64]
+    run = costs["runs"][0]
+    assert [c["concurrency"] for c in run["cells"]] == [1, 4, 16, 64]
+    # The costs' closed loop: the run's own prompts and tokens per request, a median of 3 repeats.
+    assert run["settings"]["prompts"]["kind"] == "prompt-set" and run["settings"]["matrix"]["output_len"] == 32
+    assert all(len(c["steady"]["repeats"]) == 3 for c in run["cells"])
     assert not (tmp_path / "out" / "tune").exists()
 
 

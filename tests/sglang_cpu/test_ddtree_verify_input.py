@@ -388,3 +388,29 @@ def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
     assert torch.equal(second == 3, accept_len[after_one] > 1), "token 3 is node 1's child, so it is accepted"
     freq2 = torch.bincount(second, minlength=vocab).float() / second.numel()
     assert torch.allclose(freq2, law[1], atol=0.02)
+
+
+def test_trace_step_records_the_greedy_requests_of_a_mixed_batch_only(patched_sglang, tmp_path):
+    from k26_ddtree.sglang import trace
+    from k26_ddtree.sglang.verify_input import HostCommit, trace_step
+
+    depth = 3
+    path = tmp_path / "t.trace"
+    writer = trace.TraceWriter.open(path, {"depth": depth, "topk": trace.TOPK}, 1 << 20)
+    tokens = torch.arange(3 * depth * trace.TOPK).view(3, depth, trace.TOPK)
+    logprobs = -torch.arange(3 * depth * trace.TOPK, dtype=torch.float32).view(3, depth, trace.TOPK) / 100
+    draft = trace.StepDraft.of(writer, torch.tensor([5, 6, 7]), tokens, logprobs)
+    # SGLang's top_k after its normalisation: 1 for greedy (temperature 0), the vocabulary otherwise.
+    reqs = [SimpleNamespace(rid=rid, spec_verify_ct=4, sampling_params=SimpleNamespace(top_k=k))
+            for rid, k in (("greedy-a", 1), ("sampled", 1 << 30), ("greedy-b", 1))]
+    host = HostCommit(commit_lens=[2, 1, 3], new_verified=[0, 0, 0], accepted=[1, 0, 2])
+    trace_step(draft, reqs, [[1, 2, 9], [3, 9, 9], [4, 5, 6]], host, all_greedy=False)
+    writer.close()
+
+    _, steps = trace.read(path)
+    keys = torch.tensor([trace.request_key("greedy-a"), trace.request_key("greedy-b")], dtype=torch.uint64)
+    assert torch.equal(steps.request, keys.view(torch.int64)), "u64 keys read back as int64 of the same bits"
+    assert steps.root.tolist() == [5, 7]
+    assert torch.equal(steps.tokens, tokens[[0, 2]])
+    assert steps.committed.tolist() == [[1, 2, -1, -1], [4, 5, 6, -1]]
+    assert steps.step.tolist() == [3, 3]

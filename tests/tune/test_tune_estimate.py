@@ -11,7 +11,8 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.core.acceptance import TreeShape, committed_per_root
 from k26_ddtree.gpu.acceptance import acceptance_table
 from k26_ddtree.sglang import trace
-from k26_ddtree.tune.estimate import acceptance, all_shapes, chain, check_drafts, committed_per_step, replay
+from k26_ddtree.tune.estimate import (acceptance, all_shapes, as_served, chain, check_drafts, committed_per_step,
+                                     replay)
 
 D = 3
 
@@ -108,3 +109,21 @@ def test_draft_log_probs_the_builder_cannot_take_are_one_error(tmp_path):
     rep = read_replay(tmp_path, [trace.pack_records([1], [0], [7], tokens, logprobs, [[20]])])
     with pytest.raises(UserError, match="1 of 1 steps carry draft log-probs that are not finite"):
         check_drafts(rep, "t.trace")
+
+
+def test_a_step_at_the_end_of_its_request_commits_at_most_the_tokens_left(tmp_path):
+    # The request ended after 21, 30: the full tree matches both, and the bonus has nothing to take.
+    rep = read_replay(tmp_path, [trace.pack_records([1], [0], [7], *ranked_draft([[20, 21], [30, 31], [40, 41]]),
+                                                    [[21, 30]])])
+    assert rep.truth.tolist() == [[21, 30, -1, -1]]
+    assert int(committed_per_step(rep, TreeShape(14, 2, False))) == 2
+    assert int(committed_per_step(rep, chain(D))) == 1, "the chain's miss at depth 1 still commits the bonus"
+
+
+def test_served_acceptance_counts_the_prefills_first_token_of_whole_requests(tmp_path):
+    # a: steps 0-1, 1 + 3 tokens, traced whole; b: its step 0 missing, so it says nothing of its length.
+    rep = read_replay(tmp_path, [record("a", 0, 4, [5]), record("a", 1, 5, [6, 7, 8]), record("b", 1, 50, [51, 52])])
+    assert rep.served_scale == pytest.approx((1 + 4) / 4)
+    table = acceptance(rep, [chain(D)])
+    assert as_served(table, rep) == {chain(D): pytest.approx(table[chain(D)] * 5 / 4)}
+    assert read_replay(tmp_path, [record("b", 1, 50, [51, 52])]).served_scale == 1.0, "no whole request: no scale"

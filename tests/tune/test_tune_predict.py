@@ -44,15 +44,18 @@ def test_every_prediction_is_c_times_acceptance_over_the_step_time_and_the_best_
     assert p.best(64).config.dflash, "at C=64 the chain, measured cheaper than any tree, wins"
 
 
-def test_the_schedule_starts_at_1_merges_equal_neighbours_and_writes_0_for_the_chain():
+def test_the_schedule_starts_at_1_and_between_levels_merges_equal_neighbours_and_writes_0_for_the_chain():
     def best(c: int, config: Config) -> list[Prediction]:
         return [Prediction(config, c, 3.0, 0.01)]
 
     big, small = Config(TreeShape(32, 8, True)), Config(TreeShape(8, 4, True))
     dflash = Config(chain(D), dflash=True)
     p = Plan(spine=True, ranked={16: best(16, small), 2: best(2, big), 4: best(4, big), 64: best(64, dflash)})
-    assert p.schedule() == "1:32/8,16:8/4,64:0"
-    assert [(start, won) for start, _, won in p.buckets()] == [(1, [2, 4]), (16, [16]), (64, [64])]
+    # Each later bucket from the geometric midpoint of its level and the one before: 8 of 4 and 16.
+    assert p.schedule() == "1:32/8,8:8/4,32:0"
+    assert [(start, won) for start, _, won in p.buckets()] == [(1, [2, 4]), (8, [16]), (32, [64])]
+    neighbours = Plan(spine=True, ranked={1: best(1, big), 2: best(2, small), 3: best(3, dflash), 5: best(5, big)})
+    assert neighbours.schedule() == "1:32/8,2:8/4,3:0,4:32/8", "ceil(sqrt(2)) = 2, ceil(sqrt(6)) = 3, ceil(sqrt(15)) = 4"
     assert dflash.reconfigure() == "sudo k26-deploy reconfigure --set speculative.algorithm=DFLASH"
     assert big.reconfigure() == ("sudo k26-deploy reconfigure --budget 32 --topk 8 "
                                  "--set speculative.algorithm=DDTREE --set speculative.spine=true")
