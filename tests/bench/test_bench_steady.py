@@ -232,3 +232,16 @@ def test_ctrl_c_in_a_steady_cell_keeps_its_finished_repeats(standin, tmp_path):
     (cell,) = run["cells"]
     assert cell["interrupted"] and 2 <= len(cell["steady"]["repeats"]) < 100
     assert cell["requests"] == sum(r["requests"] for r in cell["steady"]["repeats"])
+
+
+def test_sweep_forwards_steady_and_the_prompt_set(standin, tmp_path):
+    server = standin(env=SLOW, args=DDTREE)
+    path = write_set(tmp_path / "set.jsonl", [json.dumps({"input_ids": [3, 4, 5]})])
+    out = tmp_path / "sweep.json"
+    assert main(["bench", "sweep", "--budget", "8", "--topk", "4", "--reconfigure-cmd", "true", "--url", server.url,
+                 "--out", str(out), "--prompt-set", str(path), "--concurrency", "2", "--output-len", "8",
+                 "--warmup", "0", "--steady", "0.01", "--repeats", "2", "--quiet"]) == 0
+    run = only_run(out)
+    assert run["settings"]["matrix"]["steady"] == {"seconds": 0.01, "repeats": 2}
+    assert run["settings"]["prompts"]["kind"] == "prompt-set"
+    assert [(c["context"], len(c["steady"]["repeats"])) for c in run["cells"]] == [(3, 2)]
