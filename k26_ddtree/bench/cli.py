@@ -8,6 +8,7 @@ stays fast.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from datetime import datetime, timezone
@@ -58,6 +59,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def concurrency_list(text: str) -> tuple[int, ...]:
     values = int_list(text)
     if max(values) > MAX_CONCURRENCY:
@@ -103,8 +114,8 @@ def _add_server_args(p: argparse.ArgumentParser, record_config: bool = True) -> 
 
 def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("matrix")
-    g.add_argument("--contexts", type=int_list, default=int_list(DEFAULT_CONTEXTS),
-                   help=f"prompt lengths in tokens (default {DEFAULT_CONTEXTS})")
+    g.add_argument("--contexts", type=int_list,
+                   help=f"prompt lengths in tokens (default {DEFAULT_CONTEXTS}; with --prompt-set: the set's mean)")
     g.add_argument("--concurrency", type=concurrency_list, default=int_list(DEFAULT_CONCURRENCY),
                    help=f"concurrency levels, at most {MAX_CONCURRENCY} (default {DEFAULT_CONCURRENCY})")
     g.add_argument("--output-len", type=positive_int, default=256, help="tokens generated per request (default 256)")
@@ -127,6 +138,17 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
                    help="take prompts from windows of this text file instead of random ids "
                         "(a word per token unless --tokenizer is given)")
     g.add_argument("--tokenizer", help="tokenizer (path or name) to cut --prompt-file windows of exact token length")
+    g.add_argument("--prompt-set", type=checks.path_arg, metavar="FILE",
+                   help='exact prompts, a JSON object a line: {"input_ids": [...]} or {"text": "..."}, sent as '
+                        "given in file order and cycled; a cell's prompts are the whole set (or --requests of "
+                        "them) and its context the mean prompt length; not with --prompt-file, --id-range, "
+                        "--contexts")
+    g.add_argument("--steady", type=positive_float, metavar="SECONDS",
+                   help="steady state: per cell, --repeats closed loops of plain (not streamed) requests, C in "
+                        "flight, the cell's prompts cycled until a whole cycle ends after SECONDS; output_tok_s "
+                        "is the median repeat. The step times `tune` reads from cells are a server's serving C "
+                        "steadily, which a cell sent once (ramp-up, waves, tail) does not measure")
+    g.add_argument("--repeats", type=positive_int, metavar="N", help="closed-loop repeats per --steady cell (default 5)")
     g.add_argument("--eval", action="store_true", help="also run the coding eval after the matrix")
 
 
@@ -170,6 +192,19 @@ def _eval_settings(args):
     )
 
 
+def _check_prompt_set(args) -> None:
+    from k26_ddtree.errors import UserError
+
+    if args.prompt_set is None:
+        return
+    for flag, given in (("--prompt-file", args.prompt_file), ("--id-range", args.id_range),
+                        ("--contexts", args.contexts)):
+        if given is not None:
+            raise UserError(f"--prompt-set and {flag} exclude each other: the set's prompts are sent as given")
+    if args.requests is not None and args.steady is not None:
+        raise UserError("--requests with --steady and --prompt-set: the steady cycle is the whole set")
+
+
 def _run_options(args, with_matrix: bool, with_eval: bool):
     from k26_ddtree.bench.client import read_api_key
     from k26_ddtree.bench.harness import MatrixSettings
@@ -191,14 +226,19 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
             raise UserError("--warmup must be 0 or more")
         if args.tokenizer and not args.prompt_file:
             raise UserError("--tokenizer only applies to --prompt-file (random-ids prompts need no tokenizer)")
+        _check_prompt_set(args)
+        if args.repeats is not None and args.steady is None:
+            raise UserError("--repeats only applies to --steady (a cell sent once has no repeats)")
         matrix = MatrixSettings(
-            contexts=args.contexts,
+            contexts=() if args.prompt_set else args.contexts or int_list(DEFAULT_CONTEXTS),
             concurrencies=args.concurrency,
             output_len=args.output_len,
             requests_per_cell=args.requests,
             warmup=args.warmup,
             temperature=args.temperature,
             ignore_eos=args.ignore_eos,
+            steady_seconds=args.steady,
+            repeats=args.repeats or 5,
         )
         prompts = PromptSource(
             seed=args.seed,
@@ -206,6 +246,7 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
             vocab_size=args.vocab_size,
             text_file=args.prompt_file,
             tokenizer=args.tokenizer,
+            prompt_set=args.prompt_set,
         )
     options = RunOptions(
         url=args.url,
@@ -296,7 +337,10 @@ def register(sub) -> None:
             "Benchmark a running SGLang server: for every (context, concurrency) cell, flush the cache, "
             "send N streamed /generate requests and record output tok/s, per-request tok/s, TTFT, ITL, TPOT "
             "and acceptance length (sum completion_tokens / sum spec_verify_ct beside the server's "
-            "avg_spec_accept_length). With no subcommand this is `bench run`. " + RESULTS_HELP
+            "avg_spec_accept_length). --steady SECONDS measures each cell as --repeats closed loops of plain "
+            "requests instead (C always in flight, the median repeat's tok/s): the steady-state step time "
+            "`tune` wants; --prompt-set FILE sends exact prompts. With no subcommand this is `bench run`. "
+            + RESULTS_HELP
         ),
     )
     _add_run_args(bench)

@@ -244,6 +244,45 @@ class ServerClient:
         record.ok = True
         return record
 
+    async def generate_unstreamed(self, payload: dict) -> GenerateRecord:
+        """POST /generate with "stream": false: the counts and the latency only (no TTFT, no chunk
+        gaps). The steady mode's closed loop measures throughput, and a streamed answer costs
+        the server output work per step that a plain answer does not."""
+        payload = {**payload, "stream": False}
+        start = time.perf_counter()
+        record = GenerateRecord(ok=False)
+        try:
+            response = await self._http.post("/generate", json=payload)
+            if response.status_code != 200:
+                record.error = _error_text(response, response.content)
+                return record
+            body = jsonread.parse_json(response.content, "the /generate answer", MAX_ANSWER_DEPTH)
+            if not isinstance(body, dict):
+                raise ValueError(f"/generate answered {json.dumps(body)[:40]}, not a JSON object")
+            if "error" in body:
+                record.error = f"answer error: {json.dumps(body['error'])[:200]}"
+                return record
+            meta = body.get("meta_info") or {}
+            if not isinstance(meta, dict):
+                raise ValueError("the answer's meta_info is not an object")
+            record.completion_tokens = int(meta.get("completion_tokens") or 0)
+            record.prompt_tokens = int(meta.get("prompt_tokens") or 0)
+            record.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
+            text = body.get("text") or ""
+            if not isinstance(text, str):
+                raise ValueError("the answer's text is not a string")
+            record.text = text
+        # TypeError: a count that is no number; OverflowError: one that is infinite
+        except (httpx.HTTPError, ValueError, TypeError, OverflowError) as err:
+            record.error = _exception_text(err)
+            return record
+        record.latency_s = time.perf_counter() - start
+        if record.completion_tokens == 0:
+            record.error = "answer without tokens"
+            return record
+        record.ok = True
+        return record
+
     async def chat(self, payload: dict) -> ChatRecord:
         """POST /v1/chat/completions (not streamed: only the answer and usage matter)."""
         start = time.perf_counter()

@@ -1,9 +1,14 @@
-"""The context x concurrency matrix: warm-up, flush, measure, summarize, save, per cell."""
+"""The context x concurrency matrix: warm-up, flush, measure, summarize, save, per cell.
+
+A cell measures its requests sent once (streamed, with TTFT and ITL), or, with
+`steady_seconds`, repeats of a closed loop (`steady.py`) for the steady-state step time.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import dataclasses
 from dataclasses import dataclass
 
 from k26_ddtree.bench.cells import CellProgress
@@ -11,6 +16,7 @@ from k26_ddtree.bench.client import GenerateRecord, ServerClient
 from k26_ddtree.bench.metrics import summarize_cell
 from k26_ddtree.bench.prompts import PromptFactory
 from k26_ddtree.bench.results import RunWriter
+from k26_ddtree.bench.steady import SteadyRepeat, repeat_line, run_repeat, summarize_steady
 from k26_ddtree.errors import UserError
 
 
@@ -23,19 +29,28 @@ class MatrixSettings:
     warmup: int
     temperature: float
     ignore_eos: bool
+    steady_seconds: float | None = None  # --steady: closed-loop repeats of at least this long
+    repeats: int = 5
+    prompt_set_size: int | None = None  # --prompt-set: a cell's prompts are the whole set
 
     def requests_for(self, concurrency: int) -> int:
-        return self.requests_per_cell or max(8, 2 * concurrency)
+        return self.requests_per_cell or self.prompt_set_size or max(8, 2 * concurrency)
+
+    def for_prompt_set(self, context: int, size: int) -> "MatrixSettings":
+        """The matrix over a prompt set: its one context (the mean prompt length), its size per cell."""
+        return dataclasses.replace(self, contexts=(context,), prompt_set_size=size)
 
     def describe(self) -> dict:
         return {
             "contexts": list(self.contexts),
             "concurrencies": list(self.concurrencies),
             "output_len": self.output_len,
-            "requests_per_cell": self.requests_per_cell or "max(8, 2*C)",
+            "requests_per_cell": self.requests_per_cell or self.prompt_set_size or "max(8, 2*C)",
             "warmup_per_cell": self.warmup,
             "temperature": self.temperature,
             "ignore_eos": self.ignore_eos,
+            "steady": None if self.steady_seconds is None else {"seconds": self.steady_seconds,
+                                                                 "repeats": self.repeats},
         }
 
     def sampling_params(self) -> dict:
@@ -81,6 +96,72 @@ async def _server_info_or_none(client: ServerClient) -> dict | None:
         return None
 
 
+async def _warm_and_flush(client: ServerClient, settings: MatrixSettings, factory: PromptFactory, context: int,
+                          concurrency: int) -> None:
+    if settings.warmup:
+        warm = factory.prompts(context, settings.warmup, salt="warmup")
+        await _drive(client, warm, concurrency, settings.sampling_params(), [], None)
+    await client.flush_cache()
+
+
+class _OnceCell:
+    """The cell's requests sent once, streamed, at most C in flight."""
+
+    def __init__(self, settings: MatrixSettings, context: int, concurrency: int):
+        self.settings, self.context, self.concurrency = settings, context, concurrency
+        self.planned = settings.requests_for(concurrency)
+        self.records: list[GenerateRecord] = []
+        self.start = self.end = None
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.records)
+
+    async def measure(self, client: ServerClient, factory: PromptFactory, progress: CellProgress) -> None:
+        progress.start_cell(f"ctx {self.context} C {self.concurrency}", self.planned)
+        await _warm_and_flush(client, self.settings, factory, self.context, self.concurrency)
+        prompts = factory.prompts(self.context, self.planned, salt="measure")
+        self.start = time.perf_counter()
+        await _drive(client, prompts, self.concurrency, self.settings.sampling_params(), self.records, progress)
+        self.end = time.perf_counter()
+
+    def summary(self, server_info: dict | None, interrupted: bool = False) -> dict:
+        end = self.end if self.end is not None else time.perf_counter()
+        return summarize_cell(context=self.context, concurrency=self.concurrency,
+                              output_len=self.settings.output_len, planned=self.planned, records=self.records,
+                              duration_s=end - self.start, server_info=server_info, interrupted=interrupted)
+
+
+class _SteadyCell:
+    """The cell's prompts as the cycle of `repeats` closed loops, plain requests, exactly C in flight."""
+
+    def __init__(self, settings: MatrixSettings, context: int, concurrency: int):
+        self.settings, self.context, self.concurrency = settings, context, concurrency
+        self.planned = settings.requests_for(concurrency)
+        self.repeats: list[SteadyRepeat] = []
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.repeats)
+
+    async def measure(self, client: ServerClient, factory: PromptFactory, progress: CellProgress) -> None:
+        total = self.settings.repeats
+        progress.start_cell(f"ctx {self.context} C {self.concurrency}", total, unit="repeat")
+        await _warm_and_flush(client, self.settings, factory, self.context, self.concurrency)
+        prompts = factory.prompts(self.context, self.planned, salt="measure")
+        for number in range(total):
+            repeat = await run_repeat(client, prompts, self.concurrency, self.settings.sampling_params(),
+                                      self.settings.steady_seconds, first=number % len(prompts))
+            self.repeats.append(repeat)
+            progress.repeat_done(repeat_line(number + 1, total, repeat))
+
+    def summary(self, server_info: dict | None, interrupted: bool = False) -> dict:
+        return summarize_steady(context=self.context, concurrency=self.concurrency,
+                                output_len=self.settings.output_len, planned=self.planned,
+                                seconds=self.settings.steady_seconds, repeats=self.repeats,
+                                server_info=server_info, interrupted=interrupted)
+
+
 async def run_matrix(
     client: ServerClient,
     settings: MatrixSettings,
@@ -90,50 +171,21 @@ async def run_matrix(
 ) -> None:
     """Run every cell in order, appending each finished cell to the run and saving it.
 
-    On cancellation (Ctrl-C) the requests of the cell in flight that already
-    finished are summarized as an interrupted cell before the cancel goes on.
+    On cancellation (Ctrl-C) what the cell in flight already measured (its finished requests,
+    or its finished repeats) is summarized as an interrupted cell before the cancel goes on.
     """
     run = writer.run
-    sampling = settings.sampling_params()
+    kind = _OnceCell if settings.steady_seconds is None else _SteadyCell
     for context in settings.contexts:
         for concurrency in settings.concurrencies:
-            planned = settings.requests_for(concurrency)
-            progress.start_cell(f"ctx {context} C {concurrency}", planned)
-            records: list[GenerateRecord] = []
-            start = time.perf_counter()
+            measuring = kind(settings, context, concurrency)
             try:
-                if settings.warmup:
-                    warm = factory.prompts(context, settings.warmup, salt="warmup")
-                    await _drive(client, warm, concurrency, sampling, [], None)
-                await client.flush_cache()
-                prompts = factory.prompts(context, planned, salt="measure")
-                start = time.perf_counter()
-                await _drive(client, prompts, concurrency, sampling, records, progress)
+                await measuring.measure(client, factory, progress)
             except asyncio.CancelledError:
-                if records:
-                    run["cells"].append(
-                        summarize_cell(
-                            context=context,
-                            concurrency=concurrency,
-                            output_len=settings.output_len,
-                            planned=planned,
-                            records=records,
-                            duration_s=time.perf_counter() - start,
-                            server_info=None,
-                            interrupted=True,
-                        )
-                    )
+                if measuring.measured:
+                    run["cells"].append(measuring.summary(None, interrupted=True))
                 raise
-            duration = time.perf_counter() - start
-            cell = summarize_cell(
-                context=context,
-                concurrency=concurrency,
-                output_len=settings.output_len,
-                planned=planned,
-                records=records,
-                duration_s=duration,
-                server_info=await _server_info_or_none(client),
-            )
+            cell = measuring.summary(await _server_info_or_none(client))
             run["cells"].append(cell)
             writer.save()
             progress.end_cell(_cell_line(cell))

@@ -92,4 +92,5 @@ def summarize_cell(
         "spec_verify_ct": verify,
         "accept_length": output_tokens / verify if verify else None,
         "server_avg_spec_accept_length": server_accept_length(server_info),
+        "steady": None,  # the closed-loop repeats of a --steady cell (steady.py)
     }

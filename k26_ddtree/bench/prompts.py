@@ -1,4 +1,5 @@
-"""Benchmark prompts: token-id prompts of an exact length, or windows of a local text file.
+"""Benchmark prompts: token-id prompts of an exact length, windows of a local text file, or
+the exact prompts of a prompt set (`prompt_set.py`).
 
 Token-id prompts follow the pinned SGLang's `random-ids` dataset: each prompt is a run of
 consecutive ids from a random offset, wrapped into an id range, so no tokenizer and no
@@ -13,6 +14,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree.bench.prompt_set import PromptSet, read_prompt_set
 from k26_ddtree.bench.vocab import Vocabulary
 from k26_ddtree.errors import UserError
 
@@ -31,11 +33,7 @@ class PromptSource:
     vocab_size: int | None = None  # --vocab-size, for a server whose model folder is not on this machine
     text_file: Path | None = None
     tokenizer: str | None = None
-
-    @property
-    def needs_vocabulary(self) -> bool:
-        """Whether prompts carry token ids (text prompts are tokenized by the server itself)."""
-        return self.text_file is None or self.tokenizer is not None
+    prompt_set: Path | None = None  # --prompt-set: these prompts, as given, instead of made ones
 
 
 def parse_id_range(text: str) -> tuple[int, int]:
@@ -90,7 +88,7 @@ def _load_tokenizer(name: str):
 class PromptFactory:
     """Builds request bodies' prompt part: {"input_ids": [...]} or {"text": "..."}.
 
-    The text file is read at once (a bad --prompt-file fails before the server is asked);
+    The text file or prompt set is read at once (a bad one fails before the server is asked);
     prompts with token ids need `limit_to(vocabulary)` first.
     """
 
@@ -100,7 +98,10 @@ class PromptFactory:
         self._file_words: list[str] | None = None
         self._ids: list[int] | None = None
         self._vocabulary: Vocabulary | None = None
-        if source.text_file is not None:
+        self.prompt_set: PromptSet | None = None
+        if source.prompt_set is not None:
+            self.prompt_set = read_prompt_set(source.prompt_set)
+        elif source.text_file is not None:
             try:
                 text = source.text_file.read_text(errors="replace")
             except OSError as err:
@@ -112,9 +113,22 @@ class PromptFactory:
             else:
                 self._file_words = text.split()
 
+    @property
+    def needs_vocabulary(self) -> bool:
+        """Whether prompts carry token ids (text prompts are tokenized by the server itself)."""
+        if self.prompt_set is not None:
+            return bool(self.prompt_set.token_ids)
+        return self.source.text_file is None or self.source.tokenizer is not None
+
     def limit_to(self, vocabulary: Vocabulary) -> None:
         """Keep every prompt's ids inside `vocabulary`, or refuse (UserError) when they cannot be."""
-        if self._file_tokens is not None:
+        if self.prompt_set is not None:
+            # Special ids stay: a set of real prompts carries its chat markers as the tokenizer gave them.
+            past = max(self.prompt_set.token_ids)
+            if past >= vocabulary.size:
+                raise UserError(f"--prompt-set {self.source.prompt_set} holds token id {past}, past the served "
+                                f"model's {vocabulary.size} ids ({vocabulary.source})")
+        elif self._file_tokens is not None:
             past = max(self._file_tokens)
             if past >= vocabulary.size:
                 raise UserError(f"--tokenizer {self.source.tokenizer} gives token id {past}, past the served "
@@ -126,6 +140,9 @@ class PromptFactory:
     def describe(self) -> dict:
         """The prompt settings the run used (goes into the run JSON)."""
         vocabulary = self._vocabulary.describe() if self._vocabulary else None
+        if self.prompt_set is not None:
+            return {"kind": "prompt-set", "file": str(self.prompt_set.path), "prompts": len(self.prompt_set.prompts),
+                    "sha256": self.prompt_set.sha256, "vocabulary": vocabulary}
         if self.source.text_file is None:
             return {"kind": "random-ids", "seed": self.source.seed, "id_range": [self._ids[0], self._ids[-1] + 1],
                     "vocabulary": vocabulary}
@@ -140,8 +157,11 @@ class PromptFactory:
 
     def prompts(self, context: int, count: int, salt: str) -> list[dict]:
         """`count` prompts of `context` tokens; the same (seed, context, salt) gives the same prompts."""
-        if self.source.needs_vocabulary and self._vocabulary is None:
+        if self.needs_vocabulary and self._vocabulary is None:
             raise RuntimeError("token-id prompts before limit_to(vocabulary)")
+        if self.prompt_set is not None:  # the set in file order, cycled: the same prompts for every cell
+            cycle = self.prompt_set.prompts
+            return [dict(cycle[i % len(cycle)]) for i in range(count)]
         rng = random.Random(f"{self.source.seed}:{context}:{salt}")
         if self._file_tokens is not None:
             return [{"input_ids": self._window(rng, self._file_tokens, context)} for _ in range(count)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,12 +74,16 @@ def _new_run(options: RunOptions, server_info: dict, factory: PromptFactory | No
 
 async def _run(options: RunOptions, holder: dict) -> None:
     factory = PromptFactory(options.prompts) if options.matrix else None  # a bad --prompt-file fails first
+    if factory is not None and factory.prompt_set is not None:
+        prompt_set = factory.prompt_set
+        options = dataclasses.replace(options, matrix=options.matrix.for_prompt_set(prompt_set.context,
+                                                                                     len(prompt_set.prompts)))
     reporter = Reporter(sys.stderr, quiet=options.quiet)
     client = ServerClient(options.url, options.api_key, options.request_timeout_s, options.max_connections())
     async with client:
         await client.wait_healthy(options.ready_timeout_s, reporter.line)
         server_info = scrub_secrets(await client.server_info())
-        if factory is not None and options.prompts.needs_vocabulary:
+        if factory is not None and factory.needs_vocabulary:
             model_info = await client.model_info()
             factory.limit_to(served_vocabulary(options.prompts.vocab_size, model_info, server_info, options.url))
         writer = RunWriter(options.out, _new_run(options, server_info, factory))

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from k26_ddtree.bench.closed_loop import ClosedLoop
 from k26_ddtree.gpu import lossless
 
 
@@ -117,20 +118,13 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     """`concurrency` requests in flight, prompts cycled from `first`, until a whole number of
     prompt cycles (at least one, and at least `concurrency` requests) has been issued after
     min_seconds: (Repeat, [(prompt index, reply)])."""
-    cycle = len(prompts)
     lock = threading.Lock()
-    issued = 0
     start = time.perf_counter()
+    loop = ClosedLoop(len(prompts), concurrency, min_seconds, start, first)
 
     def next_prompt() -> int | None:
-        nonlocal issued
         with lock:
-            done_cycle = issued % cycle == 0 and issued >= max(cycle, concurrency)
-            if done_cycle and time.perf_counter() - start >= min_seconds:
-                return None
-            index = (first + issued) % cycle
-            issued += 1
-            return index
+            return loop.take(time.perf_counter())
 
     def worker() -> list:
         mine = []

@@ -49,3 +49,18 @@ def test_a_chat_answer_of_nonsense_is_a_failed_eval_request(tmp_path, capsys, is
     assert "Traceback" not in capsys.readouterr().err
     chat = json.loads(out.read_text())["runs"][0]["coding_eval"]["endpoints"]["chat"]
     assert chat["request_errors"] == 1 and chat["results"][0]["reason"].startswith("request failed: ")
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe", b"[1,2,3]", b"null", b'{"meta_info": [1]}', b'{"error": "boom"}',
+                                  b'{"meta_info": {"completion_tokens": "many"}}', b'{"meta_info": {}}',
+                                  b'{"meta_info": {"completion_tokens": 1e999}}'],
+                         ids=["not-utf8", "array", "null", "meta-array", "error", "count-text", "no-tokens", "inf"])
+def test_a_plain_answer_of_nonsense_counts_as_failed_steady_requests(tmp_path, capsys, body):
+    folder = write_model_folder(tmp_path / "model", 32000)
+    out = tmp_path / "run.json"
+    with ModelServer(32000, str(folder), bodies={"/generate": body}) as server:
+        assert main(["bench", "--url", server.url, "--out", str(out), *SMALL, "--steady", "0.01",
+                     "--repeats", "2"]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert (cell["requests"], cell["errors"], cell["has_errors"], cell["output_tok_s"]) == (4, 4, True, None)

@@ -27,6 +27,10 @@ JSON object {"substring": "reply text", ...}: a chat message or /generate text
 prompt containing a substring gets that reply (first match in file order), for
 both /v1/chat/completions and /generate (a token is a word of the reply; streamed
 chunks carry the text so far, or only the new words with --incremental-streaming-output).
+Since the last /flush_cache, /server_info counts /generate calls streamed and not
+(standin_streamed, standin_unstreamed) and the most in flight at once
+(standin_generate_peak); STANDIN_PROMPT_LOG names a file that gets one JSON line per
+/generate: {"input_ids" or "text", "stream"}, in arrival order.
 STANDIN_REASONING_PARSER=1 imitates --reasoning-parser: chat replies are split
 at the last </think> into reasoning_content and content (no </think>: all reasoning).
 
@@ -88,6 +92,11 @@ class State:
         self.flushes = 0
         self.error_every = int(os.environ.get("STANDIN_ERROR_EVERY", "0"))
         self.generate_calls = 0
+        self.in_flight = 0
+        self.peak = 0
+        self.streamed = 0
+        self.unstreamed = 0
+        self.prompt_log = os.environ.get("STANDIN_PROMPT_LOG")
         replies_file = os.environ.get("STANDIN_REPLIES_FILE")
         self.replies = json.loads(open(replies_file).read()) if replies_file else {}
         self.reasoning_parser = os.environ.get("STANDIN_REASONING_PARSER") == "1"
@@ -121,6 +130,23 @@ class State:
         with self.lock:
             self.generate_calls += 1
             return bool(self.error_every) and self.generate_calls % self.error_every == 0
+
+    def arrive(self, body: dict) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            if body.get("stream"):
+                self.streamed += 1
+            else:
+                self.unstreamed += 1
+            if self.prompt_log:
+                prompt = {k: body[k] for k in ("input_ids", "text") if k in body}
+                with open(self.prompt_log, "a") as log:
+                    log.write(json.dumps({**prompt, "stream": bool(body.get("stream"))}) + "\n")
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
 
     def model_name(self) -> str:
         return self.args.served_model_name or self.args.model_path
@@ -190,6 +216,9 @@ def make_handler(state: State):
                         "version": "stand-in",
                         "internal_states": [{"avg_spec_accept_length": state.avg_accept()}],
                         "standin_flush_count": state.flushes,
+                        "standin_generate_peak": state.peak,
+                        "standin_streamed": state.streamed,
+                        "standin_unstreamed": state.unstreamed,
                     }
                 )
                 self._json(200, info)
@@ -204,10 +233,16 @@ def make_handler(state: State):
             if path == "/flush_cache":
                 with state.lock:
                     state.sum_tokens = state.sum_verify = 0
+                    state.peak = state.in_flight
+                    state.streamed = state.unstreamed = 0
                     state.flushes += 1
                 self._json(200, {"success": True})
             elif path == "/generate":
-                self._generate(body)
+                state.arrive(body)
+                try:
+                    self._generate(body)
+                finally:
+                    state.leave()
             elif path == "/v1/chat/completions":
                 self._chat(body)
             else:
