@@ -5,7 +5,8 @@
 
 The servers of a run share the one GPU (own port, small static memory fraction).
 They start in two waves when the matrix names a first wave (its servers fill the
-JIT caches the rest then load), and `-oracle` servers start once the `ar`
+JIT caches the rest then load), its "last_wave" servers after all others, and
+`-oracle` servers start once the `ar`
 server's greedy outputs with top-2 log-probs, the reference, have become their
 oracle file (K26_DDTREE_ORACLE), unless --oracle-file carries an earlier run's.
 Then one workload at a time: each server's matrix cells (lossless against the
@@ -556,7 +557,11 @@ class MatrixRun:
         warmers = [threading.Thread(target=warm_sampling, args=(s,), daemon=True) for s in wave1 if s.status == "ready"]
         for t in warmers:
             t.start()
-        self.launch_and_wait([s for s in now if s.spec.name not in first])
+        last = set(self.spec.get("last_wave", []))
+        self.launch_and_wait([s for s in now if s.spec.name not in first | last])
+        # SGLang sizes a server's pool from the memory free while it starts: one started beside
+        # several others of a 12 GB model can find too little (bench/results/gpu-session5).
+        self.launch_and_wait([s for s in now if s.spec.name in last - first])
         for t in warmers:
             t.join(timeout=max(1.0, self.time_left() - MIN_WORKLOAD_S))
         reused = [s.spec.name for s in self.servers if s.reused]

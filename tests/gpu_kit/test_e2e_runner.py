@@ -136,6 +136,7 @@ def speed_matrix(tmp_path, matrix):
                                "greedy-c4": {"temperature": 0.0, "concurrency": 4},
                                "sample-c4": {"temperature": 0.7, "top_p": 0.95, "concurrency": 4}}}
     spec["first_wave"] = ["ar"]
+    spec["last_wave"] = ["ddtree-b8-k4-weak"]
     spec["runs"]["s"] = ["ar", "dflash", "ddtree-b8-k4-weak"]
     spec["runs"]["keeper"] = ["ar", "dflash"]
     path = tmp_path / "speed-matrix.json"
@@ -150,6 +151,8 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
                            run="s")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert report["overall"] == "PASS"
+    launches = [line.split("launched ", 1)[1] for line in done.stdout.splitlines() if "] launched " in line]
+    assert launches == ["ar", "dflash", "ddtree-b8-k4-weak"], "first wave, the rest, then the last wave"
     cells = {(c["server"], c["cell"]): c for c in report["speed"]}
     assert len(cells) == 9
     for (server, cell), c in cells.items():
