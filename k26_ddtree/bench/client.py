@@ -77,6 +77,15 @@ def _exception_text(err: Exception) -> str:
     return f"{type(err).__name__}: {detail}"[:200]
 
 
+def _count(meta: dict, key: str) -> int:
+    """A meta_info count; ValueError for a negative one: its rates would break the results
+    file's bounds, and every later save of the run re-reads that file."""
+    value = int(meta.get(key) or 0)
+    if value < 0:
+        raise ValueError(f"meta_info {key} is {value}")
+    return value
+
+
 def _error_text(response: httpx.Response, body: bytes) -> str:
     snippet = body.decode(errors="replace").strip().replace("\n", " ")
     return f"HTTP {response.status_code}: {snippet[:200]}"
@@ -88,6 +97,7 @@ class ServerClient:
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float, max_connections: int):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
@@ -219,7 +229,7 @@ class ServerClient:
                     meta = chunk.get("meta_info") or {}
                     if not isinstance(meta, dict):
                         raise ValueError("stream chunk's meta_info is not an object")
-                    tokens = int(meta.get("completion_tokens") or 0)
+                    tokens = _count(meta, "completion_tokens")
                     if tokens > record.completion_tokens:
                         if record.ttft_s is None:
                             record.ttft_s = now - start
@@ -227,14 +237,15 @@ class ServerClient:
                             record.chunk_gaps_s.append(now - last_chunk_at)
                         last_chunk_at = now
                     record.completion_tokens = tokens
-                    record.prompt_tokens = int(meta.get("prompt_tokens") or record.prompt_tokens)
+                    record.prompt_tokens = _count(meta, "prompt_tokens") or record.prompt_tokens
                     # Cumulative per request; a chunk without it must not reset the count.
-                    record.spec_verify_ct = max(record.spec_verify_ct, int(meta.get("spec_verify_ct") or 0))
+                    record.spec_verify_ct = max(record.spec_verify_ct, _count(meta, "spec_verify_ct"))
                     piece = chunk.get("text") or ""
                     if not isinstance(piece, str):
                         raise ValueError("stream chunk's text is not a string")
                     record.text = record.text + piece if incremental_text else (piece or record.text)
-        except (httpx.HTTPError, ValueError, TypeError) as err:  # TypeError: a count that is no number
+        # TypeError: a count that is no number; OverflowError: one that is infinite
+        except (httpx.HTTPError, ValueError, TypeError, OverflowError) as err:
             record.error = _exception_text(err)
             return record
         record.latency_s = time.perf_counter() - start
@@ -252,7 +263,10 @@ class ServerClient:
         start = time.perf_counter()
         record = GenerateRecord(ok=False)
         try:
-            response = await self._http.post("/generate", json=payload)
+            # httpx's timeout bounds each read, and a body trickled a byte at a time never
+            # trips it: the whole answer is due within --request-timeout.
+            async with asyncio.timeout(self.timeout_s):
+                response = await self._http.post("/generate", json=payload)
             if response.status_code != 200:
                 record.error = _error_text(response, response.content)
                 return record
@@ -265,13 +279,16 @@ class ServerClient:
             meta = body.get("meta_info") or {}
             if not isinstance(meta, dict):
                 raise ValueError("the answer's meta_info is not an object")
-            record.completion_tokens = int(meta.get("completion_tokens") or 0)
-            record.prompt_tokens = int(meta.get("prompt_tokens") or 0)
-            record.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
+            record.completion_tokens = _count(meta, "completion_tokens")
+            record.prompt_tokens = _count(meta, "prompt_tokens")
+            record.spec_verify_ct = _count(meta, "spec_verify_ct")
             text = body.get("text") or ""
             if not isinstance(text, str):
                 raise ValueError("the answer's text is not a string")
             record.text = text
+        except TimeoutError:
+            record.error = f"no whole answer within --request-timeout {self.timeout_s:g}s"
+            return record
         # TypeError: a count that is no number; OverflowError: one that is infinite
         except (httpx.HTTPError, ValueError, TypeError, OverflowError) as err:
             record.error = _exception_text(err)

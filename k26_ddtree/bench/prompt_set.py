@@ -6,10 +6,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from k26_ddtree.errors import UserError
+
+
+def read_regular(path: Path, flag: str) -> bytes:
+    """The bytes of the regular file `path`, else one UserError line naming `flag`. A FIFO
+    without a writer blocks the open, and a device such as /dev/zero never ends."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise UserError(f"{flag} {path} is not a regular file (a FIFO or device could be read without end)")
+        return path.read_bytes()
+    except OSError as err:
+        raise UserError(f"cannot read {flag} {path}: {err.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -34,7 +46,8 @@ def _prompt(line: str) -> dict:
     """The prompt of one line; ValueError saying what is wrong with it."""
     try:
         value = json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
+    # ValueError beside JSONDecodeError: an integer of more digits than Python converts
+    except (ValueError, RecursionError):
         raise ValueError("not JSON") from None
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
@@ -53,16 +66,14 @@ def _prompt(line: str) -> dict:
 
 
 def read_prompt_set(path: Path) -> PromptSet:
+    data = read_regular(path, "--prompt-set")
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"cannot read --prompt-set {path}: {err.strerror}") from None
-    try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # an editor's byte-order mark is no part of line 1
     except UnicodeDecodeError:
         raise UserError(f"--prompt-set {path} is not UTF-8 text") from None
     prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # Lines end at "\n" only: JSON strings may hold U+2028 or U+0085 raw, where splitlines cuts.
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

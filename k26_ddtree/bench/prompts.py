@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26_ddtree.bench.prompt_set import PromptSet, read_prompt_set
+from k26_ddtree.bench.prompt_set import PromptSet, read_prompt_set, read_regular
 from k26_ddtree.bench.vocab import Vocabulary
 from k26_ddtree.errors import UserError
 
@@ -102,10 +102,7 @@ class PromptFactory:
         if source.prompt_set is not None:
             self.prompt_set = read_prompt_set(source.prompt_set)
         elif source.text_file is not None:
-            try:
-                text = source.text_file.read_text(errors="replace")
-            except OSError as err:
-                raise UserError(f"cannot read --prompt-file {source.text_file}: {err.strerror}") from None
+            text = read_regular(source.text_file, "--prompt-file").decode(errors="replace")
             if not text.strip():
                 raise UserError(f"--prompt-file {source.text_file} is empty")
             if source.tokenizer:

@@ -3,13 +3,15 @@
 Like the pinned SGLang it takes any input_ids; unlike it, an id past the vocabulary (or a
 special id) does not kill a GPU: it is recorded, and the server stops answering, as the real
 one did (device-side assert, then SIGQUIT). `bodies` replaces the answer of a path with raw
-bytes (status 200), for servers that answer nonsense.
+bytes (status 200), for servers that answer nonsense; `trickle_s` makes a plain (not streamed)
+/generate answer a byte every so many seconds, a minute's worth at most.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -29,11 +31,12 @@ def write_model_folder(folder: Path, vocab_size: int, special_ids: tuple[int, ..
 
 class ModelServer:
     def __init__(self, vocab_size: int, model_path: str, special_ids: tuple[int, ...] = (),
-                 bodies: dict[str, bytes] | None = None):
+                 bodies: dict[str, bytes] | None = None, trickle_s: float | None = None):
         self.vocab_size = vocab_size
         self.special_ids = set(special_ids)
         self.model_path = model_path
         self.bodies = bodies or {}
+        self.trickle_s = trickle_s
         self.ids_seen: set[int] = set()
         self.generate_calls = 0
         self.dead = False
@@ -123,6 +126,20 @@ class ModelServer:
                 if any(not 0 <= i < server.vocab_size for i in ids):
                     server.dead = True  # what the real server does: it is gone for everyone
                     self.close_connection = True
+                    return
+                if server.trickle_s is not None and not body.get("stream"):
+                    bytes_ = int(60 / server.trickle_s)
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(bytes_))
+                    self.end_headers()
+                    try:
+                        for _ in range(bytes_):
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                            time.sleep(server.trickle_s)
+                    except (BrokenPipeError, ConnectionResetError):
+                        self.close_connection = True  # the client gave up, as it should
                     return
                 if "/generate" in server.bodies:
                     self._send(200, server.bodies["/generate"], "text/event-stream")

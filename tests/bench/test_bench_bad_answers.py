@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from model_server import ModelServer, write_model_folder
@@ -26,8 +27,10 @@ def test_an_info_endpoint_answering_nonsense_is_one_line(tmp_path, capsys, endpo
 
 
 @pytest.mark.parametrize("body", [b"data: \xff\xfe\n\n", b"data: [1,2,3]\n\n", b"data: null\n\n",
-                                  b'data: {"meta_info": [1], "text": "x"}\n\n'],
-                         ids=["not-utf8", "array", "null", "meta-array"])
+                                  b'data: {"meta_info": [1], "text": "x"}\n\n',
+                                  b'data: {"meta_info": {"completion_tokens": -4}, "text": "x"}\n\n',
+                                  b'data: {"meta_info": {"completion_tokens": 1e999}, "text": "x"}\n\n'],
+                         ids=["not-utf8", "array", "null", "meta-array", "negative", "inf"])
 def test_a_stream_of_nonsense_counts_as_failed_requests(tmp_path, capsys, body):
     folder = write_model_folder(tmp_path / "model", 32000)
     out = tmp_path / "run.json"
@@ -53,8 +56,11 @@ def test_a_chat_answer_of_nonsense_is_a_failed_eval_request(tmp_path, capsys, is
 
 @pytest.mark.parametrize("body", [b"\xff\xfe", b"[1,2,3]", b"null", b'{"meta_info": [1]}', b'{"error": "boom"}',
                                   b'{"meta_info": {"completion_tokens": "many"}}', b'{"meta_info": {}}',
-                                  b'{"meta_info": {"completion_tokens": 1e999}}'],
-                         ids=["not-utf8", "array", "null", "meta-array", "error", "count-text", "no-tokens", "inf"])
+                                  b'{"meta_info": {"completion_tokens": 1e999}}',
+                                  b'{"meta_info": {"completion_tokens": -4}}',
+                                  b'{"meta_info": {"completion_tokens": 4, "spec_verify_ct": -1}}'],
+                         ids=["not-utf8", "array", "null", "meta-array", "error", "count-text", "no-tokens", "inf",
+                              "negative", "negative-verify"])
 def test_a_plain_answer_of_nonsense_counts_as_failed_steady_requests(tmp_path, capsys, body):
     folder = write_model_folder(tmp_path / "model", 32000)
     out = tmp_path / "run.json"
@@ -64,3 +70,17 @@ def test_a_plain_answer_of_nonsense_counts_as_failed_steady_requests(tmp_path, c
     assert "Traceback" not in capsys.readouterr().err
     cell = json.loads(out.read_text())["runs"][0]["cells"][0]
     assert (cell["requests"], cell["errors"], cell["has_errors"], cell["output_tok_s"]) == (4, 4, True, None)
+
+
+def test_a_trickled_plain_answer_fails_within_the_request_timeout(tmp_path, capsys):
+    folder = write_model_folder(tmp_path / "model", 32000)
+    out = tmp_path / "run.json"
+    started = time.monotonic()
+    with ModelServer(32000, str(folder), trickle_s=0.2) as server:
+        assert main(["bench", "--url", server.url, "--out", str(out), *SMALL, "--requests", "1", "--steady", "0.01",
+                     "--repeats", "1", "--request-timeout", "1"]) == 1
+    assert time.monotonic() - started < 20
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    (cell,) = json.loads(out.read_text())["runs"][0]["cells"]
+    assert (cell["requests"], cell["errors"]) == (1, 1)

@@ -169,6 +169,7 @@ def closed_url() -> str:
     (b'{"input_ids": [1.5]}\n', "line 1: \"input_ids\" is not"),
     (b'\n{"text": ""}\n', "line 2: \"text\" is not"),
     (b'{"text": 3}\n', "line 1: \"text\" is not"),
+    (b'{"input_ids": [' + b"9" * 5000 + b']}\n', "line 1: not JSON"),
 ])
 def test_a_bad_prompt_set_is_one_line_before_the_server_is_asked(tmp_path, capsys, content, expected):
     path = tmp_path / "set.jsonl"
@@ -179,6 +180,35 @@ def test_a_bad_prompt_set_is_one_line_before_the_server_is_asked(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(path) in err and expected in err, err
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("flag", ["--prompt-set", "--prompt-file"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_prompt_file_that_is_no_regular_file_is_refused_not_read(tmp_path, capsys, flag, kind):
+    path = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(path)  # no writer: opening it to read would wait for ever
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path = "/dev/zero"  # would be read until memory runs out
+    assert bench("--url", closed_url(), "--out", str(tmp_path / "x.json"), "--ready-timeout", "1",
+                 flag, str(path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {path} is not a regular file" in err, err
+
+
+def test_prompt_set_lines_end_at_newlines_only(standin, tmp_path):
+    log = tmp_path / "prompts.log"
+    server = standin(env={**SLOW, "STANDIN_PROMPT_LOG": str(log)})
+    texts = ["one\u2028two", "three\x85four", "five\u2029six"]
+    path = tmp_path / "set.jsonl"
+    # A byte-order mark first, as some editors save; the separators raw, as ensure_ascii=False writes them.
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"text": t}, ensure_ascii=False) + "\r\n"
+                                                 for t in texts).encode())
+    assert bench("--url", server.url, "--out", str(tmp_path / "x.json"), "--prompt-set", str(path),
+                 "--concurrency", "1", "--output-len", "4", "--warmup", "0", "--quiet") == 0
+    assert [p["text"] for p in sent(log)] == texts
 
 
 @pytest.mark.parametrize("extra, expected", [
