@@ -140,9 +140,9 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", help="tokenizer (path or name) to cut --prompt-file windows of exact token length")
     g.add_argument("--prompt-set", type=checks.path_arg, metavar="FILE",
                    help='exact prompts, a JSON object a line: {"input_ids": [...]} or {"text": "..."}, sent as '
-                        "given in file order and cycled; a cell's prompts are the whole set (or --requests of "
-                        "them) and its context the mean prompt length; not with --prompt-file, --id-range, "
-                        "--contexts")
+                        "given in file order and cycled; a cell's prompts are whole cycles of the set, enough for C in "
+                        "flight (or --requests of them), its context the mean prompt length; not with "
+                        "--prompt-file, --id-range, --contexts")
     g.add_argument("--steady", type=positive_float, metavar="SECONDS",
                    help="steady state: per cell, --repeats closed loops of plain (not streamed) requests, C in "
                         "flight, the cell's prompts cycled until a whole cycle ends after SECONDS; output_tok_s "

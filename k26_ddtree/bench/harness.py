@@ -31,10 +31,15 @@ class MatrixSettings:
     ignore_eos: bool
     steady_seconds: float | None = None  # --steady: closed-loop repeats of at least this long
     repeats: int = 5
-    prompt_set_size: int | None = None  # --prompt-set: a cell's prompts are the whole set
+    prompt_set_size: int | None = None  # --prompt-set: a cell's prompts are whole cycles of the set
 
     def requests_for(self, concurrency: int) -> int:
-        return self.requests_per_cell or self.prompt_set_size or max(8, 2 * concurrency)
+        if self.requests_per_cell:
+            return self.requests_per_cell
+        if self.prompt_set_size:
+            # Enough whole cycles of the set that a cell labelled C has C requests in flight.
+            return self.prompt_set_size * -(-concurrency // self.prompt_set_size)
+        return max(8, 2 * concurrency)
 
     def for_prompt_set(self, context: int, size: int) -> "MatrixSettings":
         """The matrix over a prompt set: its one context (the mean prompt length), its size per cell."""
@@ -45,7 +50,9 @@ class MatrixSettings:
             "contexts": list(self.contexts),
             "concurrencies": list(self.concurrencies),
             "output_len": self.output_len,
-            "requests_per_cell": self.requests_per_cell or self.prompt_set_size or "max(8, 2*C)",
+            "requests_per_cell": self.requests_per_cell or (
+                f"the {self.prompt_set_size} prompts of the set, whole cycles of at least C" if self.prompt_set_size
+                else "max(8, 2*C)"),
             "warmup_per_cell": self.warmup,
             "temperature": self.temperature,
             "ignore_eos": self.ignore_eos,

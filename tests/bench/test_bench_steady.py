@@ -138,6 +138,19 @@ def test_a_prompt_set_reaches_the_server_as_given_in_order(standin, tmp_path):
     assert [r["cells"][0]["requests"] for r in runs] == [3, 5, 6]
 
 
+def test_a_cell_of_a_small_prompt_set_sends_whole_cycles_enough_for_c_in_flight(standin, tmp_path):
+    log = tmp_path / "prompts.log"
+    server = standin(env={**SLOW, "STANDIN_PROMPT_LOG": str(log)})
+    path = write_set(tmp_path / "set.jsonl", [json.dumps({"input_ids": [5 + i, 6]}) for i in range(3)])
+    out = tmp_path / "small.json"
+    assert bench("--url", server.url, "--out", str(out), "--prompt-set", str(path), "--concurrency", "4",
+                 "--output-len", "16", "--warmup", "0", "--quiet") == 0
+    assert server_info(server)["standin_generate_peak"] == 4, "a cell labelled C=4 had 4 in flight"
+    assert sorted(p["input_ids"][0] for p in sent(log)) == [5, 5, 6, 6, 7, 7], "two whole cycles"
+    (cell,) = only_run(out)["cells"]
+    assert (cell["planned_requests"], cell["requests"]) == (6, 6)
+
+
 def test_a_prompt_set_id_past_the_vocabulary_is_refused_before_any_request(standin, tmp_path, capsys):
     server = standin()
     path = write_set(tmp_path / "past.jsonl", [json.dumps({"input_ids": [1, 40000]})])
