@@ -8,9 +8,11 @@ K2.6, and it grows with the tokens in the batch, C * (budget + 1). So the step t
 function of (C, budget): topk only changes the drafter's top-K and the builder's sort a
 little, and acceptance changes what a step commits, not what it costs. Between measured
 budgets at one C the time is interpolated linearly in the tokens verified per request
-(budget + 1), and never extrapolated. Limits: on EP/MoE the verify cost follows how many
-distinct experts the batch routes to, which depends on the text; a bench cell's time
-includes prefill and its ramp and tail, as every config's cell does.
+(budget + 1), and never extrapolated. Measure the cells with `bench run --steady` (a closed
+loop, as a server under steady load runs): its time holds the prefills of the requests that
+replace finished ones, as serving does, while a default cell's also holds its ramp and tail
+(88 ms against a served 61 ms for DFLASH at C=64 on the proving ground). Limits: on EP/MoE the
+verify cost follows how many distinct experts the batch routes to, which depends on the text.
 
 DDTree runs (a budget recorded; early files label them DFLASH with a budget) give the
 tree points; a DFLASH run without one is the plain chain, schedule `0`, costed as served;
