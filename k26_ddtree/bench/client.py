@@ -248,12 +248,7 @@ class ServerClient:
         except (httpx.HTTPError, ValueError, TypeError, OverflowError) as err:
             record.error = _exception_text(err)
             return record
-        record.latency_s = time.perf_counter() - start
-        if record.completion_tokens == 0:
-            record.error = "stream ended without tokens"
-            return record
-        record.ok = True
-        return record
+        return _settled(record, start, "stream ended without tokens")
 
     async def generate_unstreamed(self, payload: dict) -> GenerateRecord:
         """POST /generate with "stream": false: the counts and the latency only (no TTFT, no chunk
@@ -293,12 +288,7 @@ class ServerClient:
         except (httpx.HTTPError, ValueError, TypeError, OverflowError) as err:
             record.error = _exception_text(err)
             return record
-        record.latency_s = time.perf_counter() - start
-        if record.completion_tokens == 0:
-            record.error = "answer without tokens"
-            return record
-        record.ok = True
-        return record
+        return _settled(record, start, "answer without tokens")
 
     async def chat(self, payload: dict) -> ChatRecord:
         """POST /v1/chat/completions (not streamed: only the answer and usage matter)."""
@@ -311,6 +301,16 @@ class ServerClient:
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
             return ChatRecord(ok=False, error=_exception_text(err))
         return ChatRecord(ok=True, message=message, completion_tokens=tokens, latency_s=time.perf_counter() - start)
+
+
+def _settled(record: GenerateRecord, start: float, no_tokens: str) -> GenerateRecord:
+    """A /generate record read to its end: timed, and ok unless it brought no token."""
+    record.latency_s = time.perf_counter() - start
+    if record.completion_tokens == 0:
+        record.error = no_tokens
+    else:
+        record.ok = True
+    return record
 
 
 def _chat_answer(body) -> tuple[dict, int]:

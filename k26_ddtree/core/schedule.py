@@ -87,3 +87,10 @@ def check(entries: list[Entry], block_size: int) -> None:
         if problem is not None:
             setting, why = problem
             raise ScheduleError(f"bucket {entry.text}: {setting} {why}")
+
+
+def parse_checked(text: str, block_size: int) -> list[Entry]:
+    """parse, then check: the buckets of a schedule a DDTree server of this block size serves."""
+    entries = parse(text)
+    check(entries, block_size)
+    return entries

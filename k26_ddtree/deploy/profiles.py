@@ -251,7 +251,7 @@ def _check_speculative(spec: Speculative, bad) -> None:
         if spec.algorithm != "DDTREE":
             raise bad("speculative.schedule", "needs speculative.algorithm DDTREE (a schedule of DDTree trees)")
         try:
-            schedule.check(schedule.parse(spec.schedule), spec.block_size)
+            schedule.parse_checked(spec.schedule, spec.block_size)
         except schedule.ScheduleError as err:
             raise bad("speculative.schedule", f"{spec.schedule!r}: {err}") from None
 

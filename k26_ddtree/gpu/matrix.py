@@ -82,7 +82,7 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
         if text is None:
             raise UserError(f"server {name}: no schedule named {m.group('s')!r} (matrix \"schedules\" or --schedule)")
         try:
-            schedule.check(schedule.parse(text), BLOCK_SIZE)
+            schedule.parse_checked(text, BLOCK_SIZE)
         except schedule.ScheduleError as err:
             raise UserError(f"server {name}: schedule {text!r}: {err}") from None
         return ServerSpec(name, "DDTREE", schedule=text, **ddtree)

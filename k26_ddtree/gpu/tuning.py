@@ -31,14 +31,15 @@ from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.errors import UserError
 from k26_ddtree.gpu.matrix import parse_server
 from k26_ddtree.jsonread import Unreadable, read_json
+from k26_ddtree.sglang.trace import FLUSH_SECONDS
 
 TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
 # Each cost cell: the median of 3 repeats of >= --cost-seconds; 3, not the speed table's 5, so
 # that four cost servers fit one device call beside the lossless cells.
 COST_REPEATS = 3
-# The trace writer's flush interval (sglang.trace.FLUSH_SECONDS) and a margin.
-TRACE_SETTLE_S = 3.0
+# Every record of the last cell is in the file by then.
+TRACE_SETTLE_S = FLUSH_SECONDS + 1.0
 
 
 def bench_run(url: str, results: Path, label: str, extra: list[str], log: Path, timeout: float) -> int | str:

@@ -224,10 +224,11 @@ def is_ddtree(server_args) -> bool:
     )
 
 
-def parse_schedule(text: str) -> list[schedule_text.Entry]:
-    """The schedule flag's buckets (core.schedule.parse), its problems as this flag's errors."""
+def parse_schedule(text: str, block_size: int | None = None) -> list[schedule_text.Entry]:
+    """The schedule flag's buckets (core.schedule.parse; with the block size known, also checked
+    as served), its problems as this flag's errors."""
     try:
-        return schedule_text.parse(text)
+        return schedule_text.parse(text) if block_size is None else schedule_text.parse_checked(text, block_size)
     except schedule_text.ScheduleError as err:
         raise DDTreeArgsError(f"--speculative-ddtree-budget-schedule: {err}") from None
 
@@ -319,10 +320,7 @@ def finalize(server_args) -> None:
     if server_args.speculative_ddtree_budget_schedule is None:
         check_tree(schedule.configs[0])
     else:
-        try:
-            schedule_text.check(parse_schedule(server_args.speculative_ddtree_budget_schedule), block_size)
-        except schedule_text.ScheduleError as err:
-            raise DDTreeArgsError(f"--speculative-ddtree-budget-schedule: {err}") from None
+        parse_schedule(server_args.speculative_ddtree_budget_schedule, block_size)
     backends = {b for b in server_args.get_attention_backends() if b is not None}
     if backends != {SUPPORTED_ATTENTION_BACKEND}:
         raise DDTreeArgsError(
