@@ -486,14 +486,19 @@ class MatrixRun:
             raise UserError(f"--oracle-file {args.oracle_file}: no such file")
         self.logs = args.work / "logs"
         # Every name and schedule checked before OUT and WORK are made: a mistake leaves nothing behind.
-        self.schedules = dict(self.spec.get("schedules", {}), **named_schedules(args.schedule))
+        given, chains = named_schedules(args.schedule)
+        self.schedules = dict(self.spec.get("schedules", {}), **given)
+        self.not_started = {n: f"the tune file of schedule {_schedule_name(n)!r} chose the plain chain at every "
+                               "concurrency: the run's DFLASH server serves that" for n in names
+                            if _schedule_name(n) in chains}
+        names = [n for n in names if n not in self.not_started]
         self.servers = [Server(matrix.parse_server(n, self.schedules), 0, self.logs / f"{n}.log") for n in names]
+        self.tunes = tuning.groups(self.spec, str(args.run), names)
         args.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.state = args.work / "servers.json"
         self.oracle_path = args.work / "oracle.json"
         self.carried_oracle = args.oracle_file
-        self.trace = args.work / "trace.k26"
         self.envs: dict[str, dict] = {}
         self.previous: dict[str, dict] = {}  # servers earlier runs kept for other runs
         self.reference: dict | None = None
@@ -511,6 +516,8 @@ class MatrixRun:
         return max(1.0, min(float(self.settings["ready_timeout_s"]), self.time_left() - MIN_WORKLOAD_S))
 
     def run(self) -> dict:
+        for name, why in self.not_started.items():
+            say(f"{name}: not started; {why}")
         self.sampler.start()
         try:
             self.start_servers()
@@ -618,10 +625,11 @@ class MatrixRun:
                 continue
             site = ddtree_site if server.spec.algo == "DDTREE" else args.site
             self.envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
-            if server.spec.name == args.trace_server:
-                # A fresh trace per run: the server appends, tune reads the whole file.
-                self.trace.unlink(missing_ok=True)
-                self.envs[server.spec.name][TRACE_ENV] = str(self.trace)
+            for group in self.tunes:
+                if server.spec.name == group.trace:
+                    # A fresh trace per run: the server appends, tune reads the whole file.
+                    group.trace_file(args.work).unlink(missing_ok=True)
+                    self.envs[server.spec.name][TRACE_ENV] = str(group.trace_file(args.work))
             if server.spec.oracle:
                 self.envs[server.spec.name][ORACLE_ENV] = str(self.oracle_path)
 
@@ -708,8 +716,8 @@ class MatrixRun:
                 server.status = f"crashed during the speed cells (exit {server.exit_code()})"
 
     def run_extras(self) -> None:
-        if self.args.cost_server:
-            tuning.costs_and_tune(self.servers, self.args, self.trace, self.prompts, self.spec["new_tokens"],
+        if self.tunes:
+            tuning.costs_and_tune(self.servers, self.tunes, self.args, self.prompts, self.spec["new_tokens"],
                                   self.deadline, say)
         if self.args.bench_server:
             run_bench_harness(self.servers, self.args, self.deadline)
@@ -765,7 +773,7 @@ class MatrixRun:
                   "wall_s": round(time.time() - self.t0, 1), "gpu_peak_mib": self.sampler.total_peak_mib,
                   "reference_gaps": lossless.gap_stats([r["top2"] for r in self.ref_rows]) if self.ref_rows else None,
                   "oracle_file": "carried" if self.carried_oracle else "this run's AR",
-                  "servers": servers_out}
+                  "servers": servers_out, "not_started": self.not_started}
         if self.is_speed:
             report["speed"] = self.speed
         for name in ("train_report", "acceptance"):
@@ -780,9 +788,16 @@ class MatrixRun:
         return report
 
 
-def named_schedules(items: list[str]) -> dict[str, str]:
-    """--schedule NAME=TEXT / NAME=@FILE (a tune schedule file) as {NAME: schedule text}."""
-    out = {}
+def _schedule_name(server: str) -> str | None:
+    m = re.match(r"ddtree-s([a-z][a-z0-9]*)-", server)
+    return m.group(1) if m else None
+
+
+def named_schedules(items: list[str]) -> tuple[dict[str, str], set[str]]:
+    """--schedule NAME=TEXT / NAME=@FILE (a tune schedule file) as {NAME: schedule text}, and the
+    names whose tune file chose the plain chain at every concurrency: no DDTree server serves
+    that (the server refuses a chain-only schedule), the run's DFLASH server is that config."""
+    out, chains = {}, set()
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -794,10 +809,11 @@ def named_schedules(items: list[str]) -> dict[str, str]:
         if value.startswith("@"):
             tuned = schedule_file.read(Path(value[1:]))
             if tuned.schedule is None:
-                raise UserError(f"--schedule {item}: the tuned schedule is the plain chain everywhere (serve DFLASH)")
+                chains.add(name)
+                continue
             value = tuned.schedule
         out[name] = value
-    return out
+    return out, chains
 
 
 def run_bench_harness(servers: list[Server], args, deadline: float) -> None:
@@ -889,17 +905,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule", action="append", default=[], metavar="NAME=SCHEDULE",
                         help="a batch-size schedule for ddtree-sNAME-... servers: its text, or @FILE for the "
                         "schedule of a `k26-deploy tune` file (repeatable; beside matrix.json \"schedules\")")
-    parser.add_argument("--trace-server", metavar="NAME",
-                        help="this DDTree server writes the server trace (WORK/trace.k26) through its cells")
-    parser.add_argument("--cost-server", action="append", default=[], metavar="NAME",
-                        help="after the cells, `k26-deploy bench` step costs of this server (repeatable), then "
-                        "`k26-deploy tune` on the trace and those costs: OUT/tune.json, .png, .txt")
     parser.add_argument("--cost-seconds", type=float, default=3.0, metavar="S",
                         help="each cost repeat's closed loop lasts at least S seconds (bench --steady; default 3, "
                         "the speed table's repeat)")
-    parser.add_argument("--tune-args", default="",
-                        help="further `k26-deploy tune` arguments, comma-separated (one shell word), e.g. "
-                        "--spine=on,--min-budget=8")
     parser.add_argument("--keep-for", action="append", default=[], metavar="RUN",
                         help="leave running the servers matrix run RUN also starts, for a later device call on the "
                         "same warm machine to reuse (recorded in WORK/servers.json; repeatable)")

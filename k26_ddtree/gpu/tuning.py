@@ -1,15 +1,17 @@
 """`k26-deploy tune` on the proving ground, the way an engineer runs it on a box, then its check.
 
-costs_and_tune (in the run that traced): the server trace comes from the run's own greedy cells
-on the --trace-server (the matrix prompts, the run's tokens per request), taken before any bench
-request reaches that server; step costs from `k26-deploy bench run --steady` against each
---cost-server at the tune concurrencies, on the same prompts and tokens per request: a closed
-loop over whole cycles of the prompts, as the speed table serves them, so the step times are
-those of the steady state the table measures (bench's default cells, a few waves each, had
-DFLASH's C=64 step at 88 ms against the table's 61); then `k26-deploy tune` writes tune.json
-(+ .png, and its printout in .txt), all packed with the costs and the trace into
-OUT/tune.tar.xz; tune.json is also kept in WORK for a later call on the warm machine, whose
-ddtree-s<NAME> server serves it (e2e --schedule NAME=@FILE).
+A run's tune groups come from matrix.json "tunes" (one per drafter: the trace server, the cost
+servers, tune's arguments). costs_and_tune (in the run that traced): each group's server trace
+comes from the run's own greedy cells on its trace server (the matrix prompts, the run's tokens
+per request), copied before any bench request reaches a server; step costs from `k26-deploy
+bench run --steady` against each of its cost servers at the tune concurrencies, on the same
+prompts and tokens per request: a closed loop over whole cycles of the prompts, as the speed
+table serves them, so the step times are those of the steady state the table measures (bench's
+default cells, a few waves each, had DFLASH's C=64 step at 88 ms against the table's 61); then
+`k26-deploy tune` writes tune.json (+ .png, and its printout in .txt). Every group's files are
+packed with its costs and trace into OUT/tune.tar.xz (tune/GROUP/); WORK/tune-GROUP.json stays
+for a later call on the warm machine, whose ddtree-s<NAME> server serves it (e2e --schedule
+NAME=@FILE).
 
 check (here, on the results): tune's predicted acceptance and tok/s of every config in a speed
 table against what the table measured, and the schedule against the best single config and
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from k26_ddtree import atomic
@@ -36,7 +39,7 @@ from k26_ddtree.sglang.trace import FLUSH_SECONDS
 TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
 # Each cost cell: the median of 3 repeats of >= --cost-seconds; 3, not the speed table's 5, so
-# that four cost servers fit one device call beside the lossless cells.
+# that seven cost servers fit one device call beside the trace cells.
 COST_REPEATS = 3
 # Every record of the last cell is in the file by then.
 TRACE_SETTLE_S = FLUSH_SECONDS + 1.0
@@ -60,28 +63,68 @@ def write_prompt_set(path: Path, prompts: list[list[int]]) -> Path:
     return path
 
 
-def costs_and_tune(servers, args, trace: Path, prompts: list[list[int]], new_tokens: int, deadline: float,
-                   say) -> None:
-    out = args.out / "tune"
-    out.mkdir(parents=True, exist_ok=True)
-    costs, log, kept = out / "costs.json", out / "tune.log", out / "trace.k26"
+@dataclass(frozen=True)
+class TuneGroup:
+    """One `k26-deploy tune` of a run: its name (a drafter's, say), the server whose greedy cells it
+    traces, the servers whose steady costs it reads, and tune's further arguments."""
+
+    name: str
+    trace: str
+    costs: tuple[str, ...]
+    args: tuple[str, ...] = ()
+
+    def trace_file(self, work: Path) -> Path:
+        return work / f"trace-{self.name}.k26"
+
+
+def groups(spec: dict, run: str, names: list[str]) -> list[TuneGroup]:
+    """matrix.json "tunes" of this run, checked against the run's servers (UserError, one line)."""
+    out = []
+    for name, group in spec.get("tunes", {}).get(run, {}).items():
+        try:
+            found = TuneGroup(name, str(group["trace"]), tuple(map(str, group["costs"])),
+                              tuple(map(str, group.get("args", []))))
+        except (KeyError, TypeError) as err:
+            raise UserError(f"matrix \"tunes\" {run}/{name}: expected trace, costs and optional args ({err})") from None
+        missing = [s for s in (found.trace, *found.costs) if s not in names]
+        if missing:
+            raise UserError(f"matrix \"tunes\" {run}/{name}: {missing[0]} is not a server of run {run}")
+        if not found.trace.startswith("ddtree-"):
+            raise UserError(f"matrix \"tunes\" {run}/{name}: the trace server {found.trace} is no DDTree server")
+        out.append(found)
+    traced = [g.trace for g in out]
+    if len(set(traced)) != len(traced):
+        raise UserError(f"matrix \"tunes\" {run}: two groups trace one server")
+    return out
+
+
+def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int]], new_tokens: int,
+                   deadline: float, say) -> None:
+    root = args.out / "tune"
     levels = ",".join(map(str, TUNE_CONCURRENCY))
     try:
-        if trace.is_file():
-            # The cost benches would add their own requests to the trace server's file.
-            time.sleep(TRACE_SETTLE_S)
-            shutil.copyfile(trace, kept)
+        # Every trace is copied before the first bench: a cost server may be another group's trace server.
+        time.sleep(TRACE_SETTLE_S)
+        for group in tunes:
+            (root / group.name).mkdir(parents=True, exist_ok=True)
+            if group.trace_file(args.work).is_file():
+                shutil.copyfile(group.trace_file(args.work), root / group.name / "trace.k26")
         bench = ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
                  "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", str(COST_REPEATS),
                  "--quiet"]
-        # Tune needs the last minute.
-        bench_servers(servers, args.cost_server, costs, log, bench, deadline - 60, "tune costs", say)
-        _tune(args, out, costs, kept, levels, deadline, say)
+        for group in tunes:
+            out = root / group.name
+            costs = out / "costs.json"
+            # Tune needs the last minute.
+            bench_servers(servers, list(group.costs), costs, out / "tune.log", bench, deadline - 60,
+                          f"tune {group.name} costs", say)
+            _tune(args, group, out, costs, levels, deadline, say)
     finally:
-        # One file back from the device (it brings back at most 8): costs, trace, tune's outputs.
-        with tarfile.open(args.out / "tune.tar.xz", "w:xz") as archive:
-            archive.add(out, arcname="tune")
-        shutil.rmtree(out)
+        # One file back from the device (it brings back at most 8): costs, traces, tune's outputs.
+        if root.is_dir():
+            with tarfile.open(args.out / "tune.tar.xz", "w:xz") as archive:
+                archive.add(root, arcname="tune")
+            shutil.rmtree(root)
 
 
 def bench_servers(servers, names: list[str], results: Path, log: Path, extra: list[str], deadline: float,
@@ -103,18 +146,19 @@ def bench_servers(servers, names: list[str], results: Path, log: Path, extra: li
         say(f"{what} {name}: exit {rc} ({time.time() - t:.0f} s)")
 
 
-def _tune(args, out: Path, costs: Path, trace: Path, levels: str, deadline: float, say) -> None:
+def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str, deadline: float, say) -> None:
+    trace = out / "trace.k26"
     if not trace.is_file() or not costs.is_file():
-        say(f"tune: no {'trace' if not trace.is_file() else 'costs'}; not run")
+        say(f"tune {group.name}: no {'trace' if not trace.is_file() else 'costs'}; not run")
         return
     cmd = [sys.executable, "-m", "k26_ddtree", "tune", "--trace", str(trace), "--costs", str(costs),
            "--concurrency", levels, "--model", str(args.models / "target"), "--out", str(out / "tune.json"),
-           "--plot", str(out / "tune.png"), *[a for a in args.tune_args.split(",") if a]]
+           "--plot", str(out / "tune.png"), *group.args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, deadline - time.time()))
     (out / "tune.txt").write_text(proc.stdout + proc.stderr)
-    say(f"tune: exit {proc.returncode}\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-6:]))
+    say(f"tune {group.name}: exit {proc.returncode}\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-6:]))
     if proc.returncode == 0:
-        shutil.copyfile(out / "tune.json", args.work / "tune.json")
+        shutil.copyfile(out / "tune.json", args.work / f"tune-{group.name}.json")
 
 
 def _served_config(name: str) -> str | None:
@@ -179,7 +223,10 @@ def _verdicts(cells: dict, schedule_server: str) -> list[dict]:
         singles = {s: by_c[c]["median_tok_s"] for s, by_c in cells.items()
                    if s != schedule_server and s != "ar" and c in by_c}
         best = max(singles, key=singles.get) if singles else None
-        dflash = next((v for s, v in singles.items() if s.startswith("dflash")), None)
+        # Where tune chose the plain chain at every C, DFLASH is the schedule's server (e2e drops the
+        # ddtree-s server a chain-only schedule would need).
+        dflash = cell["median_tok_s"] if schedule_server.startswith("dflash") else next(
+            (v for s, v in singles.items() if s.startswith("dflash")), None)
         out.append({"concurrency": c, "schedule_tok_s": cell["median_tok_s"], "best_single": best,
                     "best_single_tok_s": singles.get(best), "dflash_tok_s": dflash,
                     "vs_best": cell["median_tok_s"] / singles[best] if best else None,

@@ -251,24 +251,28 @@ def test_runner_mistakes_are_one_line_and_exit_2(setup, extra, message):
 
 def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(setup):
     """ddtree-s<NAME>: the schedule from --schedule @FILE (tune's format) reaches the server's command
-    line; a ramp asks each request for fewer tokens and is judged on its prefix; the cost servers are
-    benched with the users' harness, and without a trace (the stand-in writes none) tune is not run,
-    said so, and the costs still come back packed in one file."""
+    line; a ramp asks each request for fewer tokens and is judged on its prefix; each matrix "tunes"
+    group's trace server gets its own trace file, its cost servers are benched with the users'
+    harness, and without a trace (the stand-in writes none) its tune is not run, said so, and the
+    costs of every group still come back packed in one file."""
     import tarfile
 
     tmp_path, models, matrix = setup
     spec = json.loads(matrix.read_text())
     spec["workloads"]["greedy-ramp"] = {"temperature": 0.0, "concurrency": 16, "ramp": True}
-    spec["runs"]["sched"] = ["ar", "ddtree-stuned-real-spine"]
-    spec["run_workloads"] = {"sched": {"ddtree-stuned-real-spine": ["greedy-c1", "greedy-ramp"]}}
+    spec["runs"]["sched"] = ["ar", "ddtree-stuned-real-spine", "ddtree-b8-k4-real"]
+    spec["run_workloads"] = {"sched": {"ddtree-stuned-real-spine": ["greedy-c1", "greedy-ramp"],
+                                       "ddtree-b8-k4-real": ["greedy-c1"]}}
+    spec["tunes"] = {"sched": {"one": {"trace": "ddtree-stuned-real-spine", "costs": ["ddtree-stuned-real-spine"]},
+                               "two": {"trace": "ddtree-b8-k4-real", "costs": ["ddtree-b8-k4-real"],
+                                       "args": ["--spine=off"]}}}
     matrix.write_text(json.dumps(spec))
     tuned = tmp_path / "tune.json"
     tuned.write_text(json.dumps({"schema": "k26-ddtree-tune/1", "schedule": "1:8/4,4:0", "spine": True}))
     (models / "target").mkdir()
     (models / "target" / "config.json").write_text(json.dumps({"vocab_size": 2048}))  # bench reads it
     done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN),
-                           "--schedule", f"tuned=@{tuned}", "--cost-server", "ddtree-stuned-real-spine",
-                           "--cost-seconds", "0.2", run="sched")
+                           "--schedule", f"tuned=@{tuned}", "--cost-seconds", "0.2", run="sched")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     by_name = {s["name"]: s for s in report["servers"]}
     cells = by_name["ddtree-stuned-real-spine"]["cells"]
@@ -276,15 +280,54 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
     assert cells[1]["tokens"] == sum(max(1, 32 * (i + 1) // 16) for i in range(16))
     log = (tmp_path / "work" / "logs" / "ddtree-stuned-real-spine.log").read_text()
     assert "--speculative-ddtree-budget-schedule 1:8/4,4:0" in log and "--speculative-ddtree-spine" in log
-    assert "tune: no trace; not run" in done.stdout
+    assert "tune one: no trace; not run" in done.stdout and "tune two: no trace; not run" in done.stdout
     with tarfile.open(tmp_path / "out" / "tune.tar.xz") as archive:
-        costs = json.load(archive.extractfile("tune/costs.json"))
-    run = costs["runs"][0]
-    assert [c["concurrency"] for c in run["cells"]] == [1, 4, 16, 64]
-    # The costs' closed loop: the run's own prompts and tokens per request, a median of 3 repeats.
-    assert run["settings"]["prompts"]["kind"] == "prompt-set" and run["settings"]["matrix"]["output_len"] == 32
-    assert all(len(c["steady"]["repeats"]) == 3 for c in run["cells"])
+        for group, server in (("one", "ddtree-stuned-real-spine"), ("two", "ddtree-b8-k4-real")):
+            costs = json.load(archive.extractfile(f"tune/{group}/costs.json"))
+            run = costs["runs"][0]
+            assert run["label"] == server and [c["concurrency"] for c in run["cells"]] == [1, 4, 16, 64]
+            # The costs' closed loop: the run's own prompts and tokens per request, a median of 3 repeats.
+            assert run["settings"]["prompts"]["kind"] == "prompt-set" and run["settings"]["matrix"]["output_len"] == 32
+            assert all(len(c["steady"]["repeats"]) == 3 for c in run["cells"])
     assert not (tmp_path / "out" / "tune").exists()
+
+
+def test_a_tune_file_that_chose_the_chain_everywhere_starts_no_schedule_server(setup):
+    """Serving a chain-only schedule as DDTree is refused by the server; the run goes on without
+    that server and says that its DFLASH server is the tuned config."""
+    tmp_path, models, matrix = setup
+    spec = json.loads(matrix.read_text())
+    spec["runs"]["chain"] = ["ar", "dflash-eager", "ddtree-schain-real-spine"]
+    matrix.write_text(json.dumps(spec))
+    tuned = tmp_path / "tune.json"
+    tuned.write_text(json.dumps({"schema": "k26-ddtree-tune/1", "schedule": "1:0", "spine": True}))
+    done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN),
+                           "--schedule", f"chain=@{tuned}", run="chain")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert [s["name"] for s in report["servers"]] == ["ar", "dflash-eager"]
+    assert "chose the plain chain at every concurrency" in report["not_started"]["ddtree-schain-real-spine"]
+    assert "ddtree-schain-real-spine: not started" in done.stdout
+
+
+@pytest.mark.parametrize("tunes, message", [
+    ({"t": {"g": {"trace": "ddtree-b8-k4-real"}}}, "matrix \"tunes\" t/g: expected trace, costs"),
+    ({"t": {"g": {"trace": "ddtree-b8-k4-real", "costs": ["dflash"]}}}, "dflash is not a server of run t"),
+    ({"t": {"g": {"trace": "dflash-eager", "costs": ["dflash-eager"]}}}, "dflash-eager is no DDTree server"),
+    ({"t": {"g": {"trace": "ddtree-b8-k4-real", "costs": []}, "h": {"trace": "ddtree-b8-k4-real", "costs": []}}},
+     "two groups trace one server"),
+])
+def test_a_bad_tune_group_is_one_line_and_leaves_no_out(setup, tunes, message):
+    tmp_path, models, matrix = setup
+    spec = json.loads(matrix.read_text())
+    spec["tunes"] = tunes
+    matrix.write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=str(REPO), **STANDIN_ENV)
+    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
+           "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
+           "--work", str(tmp_path / "work")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("schedule, message", [

@@ -81,3 +81,18 @@ def test_bad_values_and_unwritable_outputs_are_one_line_and_exit_2(tmp_path, out
     proc = _tool(tmp_path, {"speed": [_cell("ddtree-smine-real", 50.0)]}, None, "--out", str(tmp_path / out))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stdout == "" and not (tmp_path / out).with_suffix(".md").exists()
+
+
+def test_a_schedule_of_the_chain_everywhere_is_checked_as_the_dflash_server(tmp_path):
+    """tune chose DFLASH at every C: the DFLASH server is the schedule's, predicted by tune's best."""
+    tune = {"predictions": [], "per_concurrency": [{"concurrency": 1, "best": {"acceptance": 7.9, "tok_s": 90.0}}]}
+    speed = {"speed": [_cell("dflash", 100.0), _cell("ddtree-b8-k4-real-spine", 80.0)]}
+    tune_path, speed_path = tmp_path / "tune.json", tmp_path / "speed.json"
+    tune_path.write_text(json.dumps(tune))
+    speed_path.write_text(json.dumps(speed))
+    result = tuning.check(tune_path, speed_path, "dflash")
+    row = next(r for r in result["rows"] if r["server"] == "dflash")
+    assert row["tok_s_error"] == pytest.approx(-0.1)
+    assert result["verdicts"] == [{"concurrency": 1, "schedule_tok_s": 100.0, "best_single": "ddtree-b8-k4-real-spine",
+                                   "best_single_tok_s": 80.0, "dflash_tok_s": 100.0, "vs_best": 1.25,
+                                   "vs_dflash": 1.0}]
