@@ -2,11 +2,17 @@
 
 One `ServerClient` per run; every request returns a record instead of raising,
 so a failed request is counted and reported, never dropped.
+
+Each request in flight has a connection pool of its own (one connection, kept alive between the
+requests it serves). One httpx pool shared by C requests costs its event loop work that grows
+with C on every request: on the proving ground's tiny target it capped a closed loop of 64 at
+about 100 requests/s, half what the server served to 64 threads (bench/results/gpu-session6).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -95,28 +101,44 @@ class ServerClient:
     """Bounded async client for one SGLang server."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float, max_connections: int):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._in_flight = asyncio.Semaphore(max_connections)
+        self._idle: list[httpx.AsyncClient] = []
+        self._made: list[httpx.AsyncClient] = []
 
     async def __aenter__(self) -> "ServerClient":
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self._http.aclose()
+        for http in self._made:
+            await http.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _lane(self):
+        """A one-connection pool for one request, at most max_connections at once; idle ones are
+        reused, so a closed loop of C requests keeps C connections alive."""
+        async with self._in_flight:
+            if self._idle:
+                http = self._idle.pop()
+            else:
+                http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
+                                         timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 30.0)),
+                                         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+                self._made.append(http)
+            try:
+                yield http
+            finally:
+                self._idle.append(http)
 
     async def _get_json(self, path: str) -> dict:
         """The JSON object at `path`; anything else (no answer, an error status, a body that is
         not a JSON object or nests too deep to record) is one UserError line."""
         url = f"{self.base_url}{path}"
         try:
-            response = await self._http.get(path)
+            async with self._lane() as http:
+                response = await http.get(path)
         except httpx.HTTPError as err:
             raise UserError(f"cannot reach {url}: {_exception_text(err)}") from None
         if response.status_code == 401:
@@ -165,7 +187,8 @@ class ServerClient:
         last, noted_at = "no answer", None
         while time.monotonic() < deadline:
             try:
-                response = await self._http.get("/health_generate", timeout=min(20.0, timeout_s))
+                async with self._lane() as http:
+                    response = await http.get("/health_generate", timeout=min(20.0, timeout_s))
                 if response.status_code == 200:
                     return
                 last = f"HTTP {response.status_code}"
@@ -188,7 +211,8 @@ class ServerClient:
         last = ""
         for _ in range(attempts):
             try:
-                response = await self._http.post("/flush_cache")
+                async with self._lane() as http:
+                    response = await http.post("/flush_cache")
             except httpx.HTTPError as err:
                 last = type(err).__name__
             else:
@@ -209,7 +233,7 @@ class ServerClient:
         record = GenerateRecord(ok=False)
         last_chunk_at = None
         try:
-            async with self._http.stream("POST", "/generate", json=payload) as response:
+            async with self._lane() as http, http.stream("POST", "/generate", json=payload) as response:
                 if response.status_code != 200:
                     record.error = _error_text(response, await response.aread())
                     return record
@@ -261,7 +285,8 @@ class ServerClient:
             # httpx's timeout bounds each read, and a body trickled a byte at a time never
             # trips it: the whole answer is due within --request-timeout.
             async with asyncio.timeout(self.timeout_s):
-                response = await self._http.post("/generate", json=payload)
+                async with self._lane() as http:
+                    response = await http.post("/generate", json=payload)
             if response.status_code != 200:
                 record.error = _error_text(response, response.content)
                 return record
@@ -294,7 +319,8 @@ class ServerClient:
         """POST /v1/chat/completions (not streamed: only the answer and usage matter)."""
         start = time.perf_counter()
         try:
-            response = await self._http.post("/v1/chat/completions", json=payload)
+            async with self._lane() as http:
+                response = await http.post("/v1/chat/completions", json=payload)
             if response.status_code != 200:
                 return ChatRecord(ok=False, error=_error_text(response, response.content))
             message, tokens = _chat_answer(jsonread.parse_json(response.content, "the chat answer", MAX_ANSWER_DEPTH))

@@ -102,7 +102,7 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     spec = matrix.load(MATRIX)
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
-                                       "tiny-speed-real"}
+                                       "tiny-speed-real", "client-check"}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"), ("tiny-speed-real", "tiny-tune")):
         tuned = {"ddtree-stuned-weak-spine", "ddtree-stunedweak-weak-spine", "ddtree-stunedreal-real-spine"}
