@@ -1,9 +1,9 @@
 """Benchmark: requests/s that bench's HTTP client sustains in a closed loop of C requests, against
 a server on 127.0.0.1 (another process) that answers every /generate after a fixed delay.
 
-  lanes        k26_ddtree.bench.client.ServerClient: one kept-alive connection per request in flight
-  shared pool  the same requests through one httpx.AsyncClient of C connections (the client bench
-               had until session 6)
+  pools        k26_ddtree.bench.client.ServerClient: pools of up to 16 connections, first fit
+  shared pool  the same client with every request through one httpx.AsyncClient of C connections
+               (bench's client until session 6)
 
 The server alone would serve C / delay requests/s ("ideal"). Each cell: the median of 5 repeats
 of >= 3 s (min-max).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import statistics
 import sys
@@ -70,19 +71,27 @@ async def closed_loop(post, concurrency: int) -> float:
     return done / (time.perf_counter() - start)
 
 
-async def lanes(url: str, concurrency: int) -> list[float]:
-    async with ServerClient(url, None, 60.0, concurrency + 4) as client:
+class SharedPool(ServerClient):
+    """ServerClient as it was until session 6: every request through one pool of C connections."""
+
+    def __init__(self, url: str, concurrency: int):
+        super().__init__(url, None, 60.0, concurrency + 4)
+        limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+        self._shared = httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0)
+
+    async def __aexit__(self, *exc) -> None:
+        await self._shared.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _pool(self):
+        yield self._shared
+
+
+async def rates(client: ServerClient, concurrency: int) -> list[float]:
+    async with client:
         async def post():
             record = await client.generate_unstreamed(PAYLOAD)
             assert record.ok, record.error
-        return [await closed_loop(post, concurrency) for _ in range(REPEATS)]
-
-
-async def shared_pool(url: str, concurrency: int) -> list[float]:
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as http:
-        async def post():
-            (await http.post("/generate", json={**PAYLOAD, "stream": False})).json()
         return [await closed_loop(post, concurrency) for _ in range(REPEATS)]
 
 
@@ -107,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = f"http://127.0.0.1:{ports.get(timeout=30)}"
         print(f"requests/s, median of {REPEATS} repeats of >= {MIN_SECONDS:g} s (min-max); server {args.delay_ms:g} ms "
-              "per request\n\n| C | ideal | lanes | shared pool | lanes / shared |\n|---|---|---|---|---|")
+              "per request\n\n| C | ideal | pools | shared pool | pools / shared |\n|---|---|---|---|---|")
         for c in levels:
-            mine, theirs = asyncio.run(lanes(url, c)), asyncio.run(shared_pool(url, c))
+            mine = asyncio.run(rates(ServerClient(url, None, 60.0, c + 4), c))
+            theirs = asyncio.run(rates(SharedPool(url, c), c))
             print(f"| {c} | {c * 1000 / args.delay_ms:.0f} | {cell(mine)} | {cell(theirs)} | "
                   f"{statistics.median(mine) / statistics.median(theirs):.2f} |", flush=True)
     finally:

@@ -3,10 +3,9 @@
 One `ServerClient` per run; every request returns a record instead of raising,
 so a failed request is counted and reported, never dropped.
 
-Each request in flight has a connection pool of its own (one connection, kept alive between the
-requests it serves). One httpx pool shared by C requests costs its event loop work that grows
-with C on every request: on the proving ground's tiny target it capped a closed loop of 64 at
-about 100 requests/s, half what the server served to 64 threads (bench/results/gpu-session6).
+Requests go through httpx pools of at most POOL_CONNECTIONS connections each, first fit. One pool of C connections does work on every request that grows with C: on the proving
+ground's tiny target it capped a closed loop of 64 at about 100 requests/s, half of what the
+server served to 64 threads (bench/results/gpu-session6; bench/bench_client.py measures it).
 """
 
 from __future__ import annotations
@@ -30,6 +29,9 @@ WAIT_NOTE_EVERY_S = 10.0
 # SGLang's answers nest under 10 levels; deeper is refused before the secret scrubber and the
 # results writer, which recurse once per level, meet it.
 MAX_ANSWER_DEPTH = 64
+# Small enough that a pool's per-request work stays flat, large enough that a closed loop of 16
+# takes one pool (a pool per request ran about 8 % fewer requests/s at C=16 in bench_client.py).
+POOL_CONNECTIONS = 16
 
 
 class EndpointMissing(UserError):
@@ -105,39 +107,44 @@ class ServerClient:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._in_flight = asyncio.Semaphore(max_connections)
-        self._idle: list[httpx.AsyncClient] = []
-        self._made: list[httpx.AsyncClient] = []
+        # Built once: a client builds its own otherwise, 15 ms of CA loading each, on the event loop.
+        self._tls = httpx.create_ssl_context()
+        self._pools: list[httpx.AsyncClient] = []
+        self._load: list[int] = []  # requests in flight per pool
 
     async def __aenter__(self) -> "ServerClient":
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for http in self._made:
+        for http in self._pools:
             await http.aclose()
 
     @contextlib.asynccontextmanager
-    async def _lane(self):
-        """A one-connection pool for one request, at most max_connections at once; idle ones are
-        reused, so a closed loop of C requests keeps C connections alive."""
+    async def _pool(self):
+        """The pool for one request: the first with a connection free, or a new one. First fit, so
+        that a later pool is used only while the earlier ones are full: the connections opened
+        never exceed max_connections, and they stay alive."""
         async with self._in_flight:
-            if self._idle:
-                http = self._idle.pop()
-            else:
-                http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
-                                         timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 30.0)),
-                                         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
-                self._made.append(http)
+            i = next((i for i, load in enumerate(self._load) if load < POOL_CONNECTIONS), None)
+            if i is None:
+                self._pools.append(httpx.AsyncClient(
+                    base_url=self.base_url, headers=self._headers, verify=self._tls,
+                    timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 30.0)),
+                    limits=httpx.Limits(max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS)))
+                self._load.append(0)
+                i = len(self._pools) - 1
+            self._load[i] += 1
             try:
-                yield http
+                yield self._pools[i]
             finally:
-                self._idle.append(http)
+                self._load[i] -= 1
 
     async def _get_json(self, path: str) -> dict:
         """The JSON object at `path`; anything else (no answer, an error status, a body that is
         not a JSON object or nests too deep to record) is one UserError line."""
         url = f"{self.base_url}{path}"
         try:
-            async with self._lane() as http:
+            async with self._pool() as http:
                 response = await http.get(path)
         except httpx.HTTPError as err:
             raise UserError(f"cannot reach {url}: {_exception_text(err)}") from None
@@ -187,7 +194,7 @@ class ServerClient:
         last, noted_at = "no answer", None
         while time.monotonic() < deadline:
             try:
-                async with self._lane() as http:
+                async with self._pool() as http:
                     response = await http.get("/health_generate", timeout=min(20.0, timeout_s))
                 if response.status_code == 200:
                     return
@@ -211,7 +218,7 @@ class ServerClient:
         last = ""
         for _ in range(attempts):
             try:
-                async with self._lane() as http:
+                async with self._pool() as http:
                     response = await http.post("/flush_cache")
             except httpx.HTTPError as err:
                 last = type(err).__name__
@@ -233,7 +240,7 @@ class ServerClient:
         record = GenerateRecord(ok=False)
         last_chunk_at = None
         try:
-            async with self._lane() as http, http.stream("POST", "/generate", json=payload) as response:
+            async with self._pool() as http, http.stream("POST", "/generate", json=payload) as response:
                 if response.status_code != 200:
                     record.error = _error_text(response, await response.aread())
                     return record
@@ -285,7 +292,7 @@ class ServerClient:
             # httpx's timeout bounds each read, and a body trickled a byte at a time never
             # trips it: the whole answer is due within --request-timeout.
             async with asyncio.timeout(self.timeout_s):
-                async with self._lane() as http:
+                async with self._pool() as http:
                     response = await http.post("/generate", json=payload)
             if response.status_code != 200:
                 record.error = _error_text(response, response.content)
@@ -319,7 +326,7 @@ class ServerClient:
         """POST /v1/chat/completions (not streamed: only the answer and usage matter)."""
         start = time.perf_counter()
         try:
-            async with self._lane() as http:
+            async with self._pool() as http:
                 response = await http.post("/v1/chat/completions", json=payload)
             if response.status_code != 200:
                 return ChatRecord(ok=False, error=_error_text(response, response.content))
