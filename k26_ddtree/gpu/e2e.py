@@ -12,7 +12,8 @@ oracle file (K26_DDTREE_ORACLE), unless --oracle-file carries an earlier run's.
 Then one workload at a time: each server's matrix cells (lossless against the
 reference), or, in a speed run, the speed cells of k26_ddtree.gpu.speed. DDTree
 servers run on a patched copy of the site (`python -m k26_ddtree apply
---sglang-dir COPY/sglang`); AR and DFLASH run on the pristine site. The report
+--sglang-dir COPY/sglang`); AR and DFLASH run on the pristine site. A run's matrix
+"tunes" groups then trace, cost and tune (k26_ddtree.gpu.tuning). The report
 is written by --deadline-s whatever happens.
 
 Servers can outlive the run (--keep-for RUN: those a later run needs): a warm
