@@ -116,8 +116,8 @@ class ServerClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for http in self._pools:
-            await http.aclose()
+        # Every pool closed, even where one fails to.
+        await asyncio.gather(*(http.aclose() for http in self._pools), return_exceptions=True)
 
     @contextlib.asynccontextmanager
     async def _pool(self):
@@ -281,6 +281,10 @@ class ServerClient:
             return record
         return _settled(record, start, "stream ended without tokens")
 
+    async def _post(self, path: str, payload: dict) -> httpx.Response:
+        async with self._pool() as http:
+            return await http.post(path, json=payload)
+
     async def generate_unstreamed(self, payload: dict) -> GenerateRecord:
         """POST /generate with "stream": false: the counts and the latency only (no TTFT, no chunk
         gaps). The steady mode's closed loop measures throughput, and a streamed answer costs
@@ -291,9 +295,7 @@ class ServerClient:
         try:
             # httpx's timeout bounds each read, and a body trickled a byte at a time never
             # trips it: the whole answer is due within --request-timeout.
-            async with asyncio.timeout(self.timeout_s):
-                async with self._pool() as http:
-                    response = await http.post("/generate", json=payload)
+            response = await asyncio.wait_for(self._post("/generate", payload), self.timeout_s)
             if response.status_code != 200:
                 record.error = _error_text(response, response.content)
                 return record
@@ -313,7 +315,8 @@ class ServerClient:
             if not isinstance(text, str):
                 raise ValueError("the answer's text is not a string")
             record.text = text
-        except TimeoutError:
+        # asyncio's own before Python 3.11, the builtin since.
+        except asyncio.TimeoutError:
             record.error = f"no whole answer within --request-timeout {self.timeout_s:g}s"
             return record
         # TypeError: a count that is no number; OverflowError: one that is infinite

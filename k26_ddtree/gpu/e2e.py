@@ -494,7 +494,7 @@ class MatrixRun:
                             if _schedule_name(n) in chains}
         names = [n for n in names if n not in self.not_started]
         self.servers = [Server(matrix.parse_server(n, self.schedules), 0, self.logs / f"{n}.log") for n in names]
-        self.tunes = tuning.groups(self.spec, str(args.run), names)
+        self.tunes, self.tune_notes = tuning.groups(self.spec, str(args.run), names)
         args.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.state = args.work / "servers.json"
@@ -519,6 +519,8 @@ class MatrixRun:
     def run(self) -> dict:
         for name, why in self.not_started.items():
             say(f"{name}: not started; {why}")
+        for note in self.tune_notes:
+            say(note)
         self.sampler.start()
         try:
             self.start_servers()
@@ -541,9 +543,19 @@ class MatrixRun:
         used_ports = {int(k["port"]) for k in kept.values()}
         port = self.args.base_port
         to_launch = []
+        traced = {group.trace for group in self.tunes}
+        for group in self.tunes:
+            # Whatever this run's trace server does not write is no trace of this run.
+            group.trace_file(self.args.work).unlink(missing_ok=True)
         for server in self.servers:
             old = kept.get(server.spec.name)
-            if old and self.reuse(server, old):
+            if old and server.spec.name in traced:
+                # A kept server writes no trace, or an earlier run's: start it anew, tracing.
+                say(f"{server.spec.name}: traced in this run, so the kept one is stopped and started anew")
+                server.port, server.pid = int(old["port"]), int(old["pid"])
+                stop(server)
+                server.pid = None
+            elif old and self.reuse(server, old):
                 continue
             while port in used_ports:
                 port += 1
@@ -628,8 +640,6 @@ class MatrixRun:
             self.envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
             for group in self.tunes:
                 if server.spec.name == group.trace:
-                    # A fresh trace per run: the server appends, tune reads the whole file.
-                    group.trace_file(args.work).unlink(missing_ok=True)
                     self.envs[server.spec.name][TRACE_ENV] = str(group.trace_file(args.work))
             if server.spec.oracle:
                 self.envs[server.spec.name][ORACLE_ENV] = str(self.oracle_path)

@@ -21,6 +21,7 @@ DFLASH at every concurrency.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -77,25 +78,43 @@ class TuneGroup:
         return work / f"trace-{self.name}.k26"
 
 
-def groups(spec: dict, run: str, names: list[str]) -> list[TuneGroup]:
-    """matrix.json "tunes" of this run, checked against the run's servers (UserError, one line)."""
-    out = []
+GROUP_NAME = re.compile(r"[a-z][a-z0-9-]*")
+
+
+def groups(spec: dict, run: str, started: list[str]) -> tuple[list[TuneGroup], list[str]]:
+    """matrix.json "tunes" of this run, checked against the run's servers (UserError, one line),
+    and narrowed to the servers this run starts (--only, a chain-only tune file): a group whose
+    trace server is not started is left out, a cost server that is not started is not benched;
+    each said in a note."""
+    in_run = spec["runs"][run]
+    out, notes = [], []
     for name, group in spec.get("tunes", {}).get(run, {}).items():
-        try:
-            found = TuneGroup(name, str(group["trace"]), tuple(map(str, group["costs"])),
-                              tuple(map(str, group.get("args", []))))
-        except (KeyError, TypeError) as err:
-            raise UserError(f"matrix \"tunes\" {run}/{name}: expected trace, costs and optional args ({err})") from None
-        missing = [s for s in (found.trace, *found.costs) if s not in names]
+        where = f"matrix \"tunes\" {run}/{name}"
+        if not GROUP_NAME.fullmatch(name):
+            raise UserError(f"{where}: a group name is a lowercase letter, then lowercase letters, digits or '-'")
+        if not isinstance(group, dict) or not isinstance(group.get("trace"), str) or not all(
+                isinstance(group.get(key, []), list) and all(isinstance(v, str) for v in group.get(key, []))
+                for key in ("costs", "args")) or "costs" not in group:
+            raise UserError(f"{where}: expected {{\"trace\": SERVER, \"costs\": [SERVER, ...], "
+                            "\"args\": [TUNE ARGUMENT, ...]}} (args optional)")
+        found = TuneGroup(name, group["trace"], tuple(group["costs"]), tuple(group.get("args", [])))
+        missing = [s for s in (found.trace, *found.costs) if s not in in_run]
         if missing:
-            raise UserError(f"matrix \"tunes\" {run}/{name}: {missing[0]} is not a server of run {run}")
+            raise UserError(f"{where}: {missing[0]} is not a server of run {run}")
         if not found.trace.startswith("ddtree-"):
-            raise UserError(f"matrix \"tunes\" {run}/{name}: the trace server {found.trace} is no DDTree server")
+            raise UserError(f"{where}: the trace server {found.trace} is no DDTree server")
+        if found.trace not in started:
+            notes.append(f"tune {name}: left out, its trace server {found.trace} is not started in this run")
+            continue
+        dropped = [s for s in found.costs if s not in started]
+        if dropped:
+            notes.append(f"tune {name}: {', '.join(dropped)} not started in this run, so not costed")
+            found = TuneGroup(name, found.trace, tuple(s for s in found.costs if s in started), found.args)
         out.append(found)
     traced = [g.trace for g in out]
     if len(set(traced)) != len(traced):
         raise UserError(f"matrix \"tunes\" {run}: two groups trace one server")
-    return out
+    return out, notes
 
 
 def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int]], new_tokens: int,
@@ -104,7 +123,8 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
     levels = ",".join(map(str, TUNE_CONCURRENCY))
     try:
         # Every trace is copied before the first bench: a cost server may be another group's trace server.
-        time.sleep(TRACE_SETTLE_S)
+        if any(group.trace_file(args.work).is_file() for group in tunes):
+            time.sleep(TRACE_SETTLE_S)
         for group in tunes:
             (root / group.name).mkdir(parents=True, exist_ok=True)
             if group.trace_file(args.work).is_file():
@@ -112,11 +132,11 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
         bench = ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
                  "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", str(COST_REPEATS),
                  "--quiet"]
-        for group in tunes:
+        for i, group in enumerate(tunes):
             out = root / group.name
             costs = out / "costs.json"
-            # Tune needs the last minute.
-            bench_servers(servers, list(group.costs), costs, out / "tune.log", bench, deadline - 60,
+            # This tune and every later group's need a minute each.
+            bench_servers(servers, list(group.costs), costs, out / "tune.log", bench, deadline - 60 * (len(tunes) - i),
                           f"tune {group.name} costs", say)
             _tune(args, group, out, costs, levels, deadline, say)
     finally:
@@ -154,7 +174,11 @@ def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str, deadline:
     cmd = [sys.executable, "-m", "k26_ddtree", "tune", "--trace", str(trace), "--costs", str(costs),
            "--concurrency", levels, "--model", str(args.models / "target"), "--out", str(out / "tune.json"),
            "--plot", str(out / "tune.png"), *group.args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, deadline - time.time()))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        say(f"tune {group.name}: still running at the run's deadline; stopped")
+        return
     (out / "tune.txt").write_text(proc.stdout + proc.stderr)
     say(f"tune {group.name}: exit {proc.returncode}\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-6:]))
     if proc.returncode == 0:

@@ -310,7 +310,9 @@ def test_a_tune_file_that_chose_the_chain_everywhere_starts_no_schedule_server(s
 
 
 @pytest.mark.parametrize("tunes, message", [
-    ({"t": {"g": {"trace": "ddtree-b8-k4-real"}}}, "matrix \"tunes\" t/g: expected trace, costs"),
+    ({"t": {"g": {"trace": "ddtree-b8-k4-real"}}}, "matrix \"tunes\" t/g: expected {\"trace\": SERVER"),
+    ({"t": {"g": {"trace": "ddtree-b8-k4-real", "costs": "dflash-eager"}}}, "t/g: expected {\"trace\": SERVER"),
+    ({"t": {"../g": {"trace": "ddtree-b8-k4-real", "costs": []}}}, "t/../g: a group name is a lowercase letter"),
     ({"t": {"g": {"trace": "ddtree-b8-k4-real", "costs": ["dflash"]}}}, "dflash is not a server of run t"),
     ({"t": {"g": {"trace": "dflash-eager", "costs": ["dflash-eager"]}}}, "dflash-eager is no DDTree server"),
     ({"t": {"g": {"trace": "ddtree-b8-k4-real", "costs": []}, "h": {"trace": "ddtree-b8-k4-real", "costs": []}}},
@@ -348,3 +350,44 @@ def test_a_bad_schedule_is_one_line_and_leaves_no_out_or_work(setup, schedule, m
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
+def test_tune_groups_narrow_to_the_started_servers_and_a_kept_trace_server_starts_anew(setup):
+    """--only leaves a group out when its trace server is not started, and benches only the cost
+    servers that are; a trace server an earlier run kept is restarted with this run's trace, and
+    an earlier run's trace file is never read as this run's."""
+    import tarfile
+
+    tmp_path, models, matrix = setup
+    spec = json.loads(matrix.read_text())
+    spec["runs"]["g"] = ["ar", "dflash-eager", "ddtree-b8-k4-real", "ddtree-b8-k4-oracle"]
+    spec["tunes"] = {"g": {"one": {"trace": "ddtree-b8-k4-real", "costs": ["dflash-eager", "ddtree-b8-k4-real"]},
+                           "two": {"trace": "ddtree-b8-k4-oracle", "costs": ["ddtree-b8-k4-oracle"]}}}
+    spec["run_cells"] = {"g": ["ar"]}
+    matrix.write_text(json.dumps(spec))
+    (models / "target").mkdir()
+    (models / "target" / "config.json").write_text(json.dumps({"vocab_size": 2048}))
+    work = tmp_path / "work"
+    try:
+        done, _ = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN), "--only",
+                          "ddtree-b8-k4-real", "--keep-for", "g", "--cost-seconds", "0.2", run="g")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        assert "tune two: left out, its trace server ddtree-b8-k4-oracle is not started" in done.stdout
+        assert "tune one: dflash-eager not started in this run, so not costed" in done.stdout
+        with tarfile.open(tmp_path / "out" / "tune.tar.xz") as archive:
+            assert sorted(n for n in archive.getnames() if n.endswith("costs.json")) == ["tune/one/costs.json"]
+        (work / "trace-one.k26").write_text("an earlier run's trace")
+        done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN), "--only",
+                               "ddtree-b8-k4-real", "--cost-seconds", "0.2", run="g")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        assert "ddtree-b8-k4-real: traced in this run, so the kept one is stopped and started anew" in done.stdout
+        by_name = {s["name"]: s for s in report["servers"]}
+        assert by_name["ar"]["reused"] and not by_name["ddtree-b8-k4-real"]["reused"]
+        assert not (work / "trace-one.k26").exists() and "tune one: no trace; not run" in done.stdout
+    finally:
+        state = json.loads((work / "servers.json").read_text())
+        for kept in state["servers"].values():
+            try:
+                os.killpg(kept["pid"], 9)
+            except ProcessLookupError:
+                pass
