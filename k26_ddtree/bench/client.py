@@ -3,9 +3,10 @@
 One `ServerClient` per run; every request returns a record instead of raising,
 so a failed request is counted and reported, never dropped.
 
-Requests go through httpx pools of at most POOL_CONNECTIONS connections each, first fit. One pool of C connections does work on every request that grows with C: on the proving
-ground's tiny target it capped a closed loop of 64 at about 100 requests/s, half of what the
-server served to 64 threads (bench/results/gpu-session6; bench/bench_client.py measures it).
+Requests go through httpx pools of at most POOL_CONNECTIONS connections each, first fit. One
+pool of C connections does work on every request that grows with C: on the proving ground's
+tiny target it capped a closed loop of 64 at about 100 requests/s, half of what the server
+served to 64 threads (bench/results/gpu-session6; bench/bench_client.py measures it).
 """
 
 from __future__ import annotations

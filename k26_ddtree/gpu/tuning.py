@@ -81,6 +81,10 @@ class TuneGroup:
 GROUP_NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
 def groups(spec: dict, run: str, started: list[str]) -> tuple[list[TuneGroup], list[str]]:
     """matrix.json "tunes" of this run, checked against the run's servers (UserError, one line),
     and narrowed to the servers this run starts (--only, a chain-only tune file): a group whose
@@ -92,9 +96,8 @@ def groups(spec: dict, run: str, started: list[str]) -> tuple[list[TuneGroup], l
         where = f"matrix \"tunes\" {run}/{name}"
         if not GROUP_NAME.fullmatch(name):
             raise UserError(f"{where}: a group name is a lowercase letter, then lowercase letters, digits or '-'")
-        if not isinstance(group, dict) or not isinstance(group.get("trace"), str) or not all(
-                isinstance(group.get(key, []), list) and all(isinstance(v, str) for v in group.get(key, []))
-                for key in ("costs", "args")) or "costs" not in group:
+        if not (isinstance(group, dict) and isinstance(group.get("trace"), str) and _strings(group.get("costs"))
+                and _strings(group.get("args", []))):
             raise UserError(f"{where}: expected {{\"trace\": SERVER, \"costs\": [SERVER, ...], "
                             "\"args\": [TUNE ARGUMENT, ...]}} (args optional)")
         found = TuneGroup(name, group["trace"], tuple(group["costs"]), tuple(group.get("args", [])))
