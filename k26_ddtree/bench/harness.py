@@ -7,8 +7,8 @@ A cell measures its requests sent once (streamed, with TTFT and ITL), or, with
 from __future__ import annotations
 
 import asyncio
-import time
 import dataclasses
+import time
 from dataclasses import dataclass
 
 from k26_ddtree.bench.cells import CellProgress
@@ -103,20 +103,29 @@ async def _server_info_or_none(client: ServerClient) -> dict | None:
         return None
 
 
-async def _warm_and_flush(client: ServerClient, settings: MatrixSettings, factory: PromptFactory, context: int,
-                          concurrency: int) -> None:
-    if settings.warmup:
-        warm = factory.prompts(context, settings.warmup, salt="warmup")
-        await _drive(client, warm, concurrency, settings.sampling_params(), [], None)
-    await client.flush_cache()
-
-
-class _OnceCell:
-    """The cell's requests sent once, streamed, at most C in flight."""
+class _Cell:
+    """One (context, concurrency) cell: its settings, the requests it plans, and the preparation
+    both kinds share (progress, warm-up, flush, the prompts to measure)."""
 
     def __init__(self, settings: MatrixSettings, context: int, concurrency: int):
         self.settings, self.context, self.concurrency = settings, context, concurrency
         self.planned = settings.requests_for(concurrency)
+
+    async def _prepare(self, client: ServerClient, factory: PromptFactory, progress: CellProgress, units: int,
+                       unit: str) -> list[dict]:
+        progress.start_cell(f"ctx {self.context} C {self.concurrency}", units, unit=unit)
+        if self.settings.warmup:
+            warm = factory.prompts(self.context, self.settings.warmup, salt="warmup")
+            await _drive(client, warm, self.concurrency, self.settings.sampling_params(), [], None)
+        await client.flush_cache()
+        return factory.prompts(self.context, self.planned, salt="measure")
+
+
+class _OnceCell(_Cell):
+    """The cell's requests sent once, streamed, at most C in flight."""
+
+    def __init__(self, settings: MatrixSettings, context: int, concurrency: int):
+        super().__init__(settings, context, concurrency)
         self.records: list[GenerateRecord] = []
         self.start = self.end = None
 
@@ -125,9 +134,7 @@ class _OnceCell:
         return bool(self.records)
 
     async def measure(self, client: ServerClient, factory: PromptFactory, progress: CellProgress) -> None:
-        progress.start_cell(f"ctx {self.context} C {self.concurrency}", self.planned)
-        await _warm_and_flush(client, self.settings, factory, self.context, self.concurrency)
-        prompts = factory.prompts(self.context, self.planned, salt="measure")
+        prompts = await self._prepare(client, factory, progress, self.planned, "req")
         self.start = time.perf_counter()
         await _drive(client, prompts, self.concurrency, self.settings.sampling_params(), self.records, progress)
         self.end = time.perf_counter()
@@ -139,12 +146,11 @@ class _OnceCell:
                               duration_s=end - self.start, server_info=server_info, interrupted=interrupted)
 
 
-class _SteadyCell:
+class _SteadyCell(_Cell):
     """The cell's prompts as the cycle of `repeats` closed loops, plain requests, exactly C in flight."""
 
     def __init__(self, settings: MatrixSettings, context: int, concurrency: int):
-        self.settings, self.context, self.concurrency = settings, context, concurrency
-        self.planned = settings.requests_for(concurrency)
+        super().__init__(settings, context, concurrency)
         self.repeats: list[SteadyRepeat] = []
 
     @property
@@ -153,9 +159,7 @@ class _SteadyCell:
 
     async def measure(self, client: ServerClient, factory: PromptFactory, progress: CellProgress) -> None:
         total = self.settings.repeats
-        progress.start_cell(f"ctx {self.context} C {self.concurrency}", total, unit="repeat")
-        await _warm_and_flush(client, self.settings, factory, self.context, self.concurrency)
-        prompts = factory.prompts(self.context, self.planned, salt="measure")
+        prompts = await self._prepare(client, factory, progress, total, "repeat")
         for number in range(total):
             repeat = await run_repeat(client, prompts, self.concurrency, self.settings.sampling_params(),
                                       self.settings.steady_seconds, first=number % len(prompts))

@@ -489,9 +489,9 @@ class MatrixRun:
         # Every name and schedule checked before OUT and WORK are made: a mistake leaves nothing behind.
         given, chains = named_schedules(args.schedule)
         self.schedules = dict(self.spec.get("schedules", {}), **given)
-        self.not_started = {n: f"the tune file of schedule {_schedule_name(n)!r} chose the plain chain at every "
+        self.not_started = {n: f"the tune file of schedule {matrix.schedule_name(n)!r} chose the plain chain at every "
                                "concurrency: the run's DFLASH server serves that" for n in names
-                            if _schedule_name(n) in chains}
+                            if matrix.schedule_name(n) in chains}
         names = [n for n in names if n not in self.not_started]
         self.servers = [Server(matrix.parse_server(n, self.schedules), 0, self.logs / f"{n}.log") for n in names]
         self.tunes, self.tune_notes = tuning.groups(self.spec, str(args.run), names)
@@ -797,11 +797,6 @@ class MatrixRun:
         idle = set() if cells_here is None else {s.spec.name for s in self.servers} - set(cells_here)
         report["overall"] = overall(servers_out, self.speed, idle)
         return report
-
-
-def _schedule_name(server: str) -> str | None:
-    m = re.match(r"ddtree-s([a-z][a-z0-9]*)-", server)
-    return m.group(1) if m else None
 
 
 def named_schedules(items: list[str]) -> tuple[dict[str, str], set[str]]:

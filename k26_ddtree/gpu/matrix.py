@@ -93,6 +93,12 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
     return ServerSpec(name, "DDTREE", budget, topk, **ddtree)
 
 
+def schedule_name(server: str) -> str | None:
+    """The schedule a ddtree-s<NAME> server name refers to; None for any other name."""
+    m = _NAME.match(server)
+    return m.group("s") if m else None
+
+
 def load(path: Path) -> dict:
     try:
         matrix = json.loads(path.read_text())
@@ -100,9 +106,8 @@ def load(path: Path) -> dict:
         raise UserError(f"cannot read matrix {path}: {err}")
     for run, names in matrix.get("runs", {}).items():
         for name in names:
-            named = _NAME.match(name)
             # A schedule server is checked once the runner knows every schedule (--schedule too).
-            if named is None or not named.group("s"):
+            if schedule_name(name) is None:
                 parse_server(name)
         if "ar" not in names:
             raise UserError(f"matrix run {run} has no 'ar' server: every run needs its own AR reference")
