@@ -914,10 +914,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-seconds", type=float, default=3.0, metavar="S",
                         help="each cost repeat's closed loop lasts at least S seconds (bench --steady; default 3, "
                         "the speed table's repeat)")
+    parser.add_argument("--cost-repeats", type=int, default=3, metavar="N",
+                        help="each cost cell is the median of N repeats (default 3, not the speed table's 5, so "
+                        "that seven cost servers fit one device call beside the trace cells)")
     parser.add_argument("--keep-for", action="append", default=[], metavar="RUN",
                         help="leave running the servers matrix run RUN also starts, for a later device call on the "
                         "same warm machine to reuse (recorded in WORK/servers.json; repeatable)")
     args = parser.parse_args(argv)
+    if args.cost_repeats < 1 or not args.cost_seconds > 0:
+        parser.error("--cost-repeats must be >= 1 and --cost-seconds > 0")
     # The device command's `timeout` sends SIGTERM: unwind through run()'s finally, so servers are
     # recorded or stopped and the report is written.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

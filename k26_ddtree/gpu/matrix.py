@@ -1,7 +1,7 @@
 """The proving-ground matrix: server names, what they mean, and the sglang command line of each.
 
-Server names say everything: `ar`, `dflash` or `dflash-weak`, and
-`ddtree-b<budget>-k<topk>-<real|weak|oracle>`, or `ddtree-s<schedule>-<real|weak|oracle>` for a
+Server names say everything: `ar`, `dflash`, `dflash-weak` or `dflash-mid`, and
+`ddtree-b<budget>-k<topk>-<DRAFTER>`, or `ddtree-s<schedule>-<DRAFTER>` for a
 batch-size schedule named in `matrix.json` "schedules" (or given to the runner with --schedule),
 a DDTree name optionally suffixed `-spine`
 (--speculative-ddtree-spine), any name optionally suffixed `-tp2` (tensor parallel over two
@@ -9,7 +9,8 @@ GPUs) or `-tp2-ep2` (and expert parallel, the PCIe profile's shape at small scal
 `-eager` (no CUDA graphs).
 The drafter: `real` is the trained drafter (accepts about 8 of 8), `weak` the imperfect
 one (fewer steps, less capacity: linear DFlash accepts 3-4.5 of 8, as K2.x drafters do on
-real text), `oracle` the trained drafter with the test-only oracle rewriting its top-K.
+real text), `mid` the imperfect one's size trained on to about 6 of 8, `oracle` the trained
+drafter with the test-only oracle rewriting its top-K.
 The issue's matrix is BUDGETS x TOPKS; any other valid budget (1 <= budget <= sum of
 topk^d) may be named too, e.g. b2 to show that small budgets start. `matrix.json`
 (tests/gpu/) lists which servers each device run starts.
@@ -31,11 +32,11 @@ TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
 SCHEDULE_NAME = re.compile(r"[a-z][a-z0-9]*")
 _NAME = re.compile(
-    r"^(ar|dflash(?P<dflash_weak>-weak)?|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>" + SCHEDULE_NAME.pattern + r"))"
-    r"-(?P<drafter>real|weak|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
+    r"^(ar|dflash(?:-(?P<dflash_drafter>weak|mid))?|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>" + SCHEDULE_NAME.pattern + r"))"
+    r"-(?P<drafter>real|weak|mid|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
 )
 # The drafter checkpoint folder of each drafter kind, under the models folder.
-DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak"}
+DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak", "mid": "drafter-mid"}
 
 
 def valid_pairs() -> list[tuple[int, int]]:
@@ -48,7 +49,7 @@ class ServerSpec:
     algo: str  # AR, DFLASH, DDTREE
     budget: int = 0
     topk: int = 0
-    drafter: str = "real"  # real, weak or oracle
+    drafter: str = "real"  # a DRAFTER_DIRS key
     eager: bool = False
     spine: bool = False
     tp: int = 1
@@ -68,14 +69,14 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
     """The server a name stands for; `schedules` names the batch-size schedules (matrix "schedules")."""
     m = _NAME.match(name)
     if not m:
-        raise UserError(f"server name {name!r}: expected ar, dflash[-weak] or "
-                        "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|oracle>[-spine], optionally with -tp2 or -tp2-ep2, "
+        raise UserError(f"server name {name!r}: expected ar, dflash[-weak|-mid] or "
+                        "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|mid|oracle>[-spine], optionally with -tp2 or -tp2-ep2, "
                         "then -eager")
     shape = dict(eager=bool(m.group("eager")), tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1)
     if name.startswith("ar"):
         return ServerSpec(name, "AR", **shape)
     if name.startswith("dflash"):
-        return ServerSpec(name, "DFLASH", drafter="weak" if m.group("dflash_weak") else "real", **shape)
+        return ServerSpec(name, "DFLASH", drafter=m.group("dflash_drafter") or "real", **shape)
     ddtree = dict(drafter=m.group("drafter"), spine=bool(m.group("spine")), **shape)
     if m.group("s"):
         text = (schedules or {}).get(m.group("s"))

@@ -2,15 +2,20 @@
 
     python -m k26_ddtree.gpu.train --out DIR [--seed 0] [--time-budget 150]
 
-Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter and DIR/drafter-weak
-(DFlashDraftModel), DIR/prompts.json (the 8 fixed prompts as token ids),
-DIR/train_report.json and DIR/acceptance.json.
+    python -m k26_ddtree.gpu.train --out DIR --add-drafter mid [--device cpu]
+
+Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter, DIR/drafter-weak and
+DIR/drafter-mid (DFlashDraftModel), DIR/prompts.json (the 8 fixed prompts as token ids),
+DIR/train_report.json and DIR/acceptance.json. --add-drafter trains one goal drafter against
+the target already in DIR (on the CPU too: about 0.7 s a step on two cores) and adds it to
+both reports, so a carried model archive gains a drafter without a new target.
 The target trains until the median top-1/top-2 log-prob gap along its greedy
 continuations of the prompts passes GAP_GOAL nats (bf16 noise is ~0.01); the
 drafter then trains DFlash-style on the frozen target's features until its
 simulated acceptance length stops improving or its time share runs out. The
 imperfect drafter is the same recipe with half the capacity (tinymodel.
-WEAK_DRAFT_CONFIG), stopped as soon as linear DFlash accepts WEAK_GOAL of 8.
+WEAK_DRAFT_CONFIG), stopped as soon as linear DFlash accepts WEAK_GOAL of 8; the "mid" one
+is that size again, trained on to MID_GOAL, a third quality between the two.
 acceptance.json holds, for both drafters, the exact greedy acceptance of every
 tree shape along the target's continuations (k26_ddtree.gpu.acceptance) and
 the rank of the true token at each draft depth.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -29,6 +35,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from k26_ddtree import atomic
+from k26_ddtree.errors import UserError
 from k26_ddtree.gpu import corpus, tinymodel, tokenizer
 from k26_ddtree.core.acceptance import DraftTopK, TreeShape
 from k26_ddtree.gpu.acceptance import CHAIN, acceptance_table, rank_histogram
@@ -38,6 +46,11 @@ GAP_GOAL = 3.0
 # DFlash drafters sit on real text; the report says whether it landed in the band.
 WEAK_GOAL = 3.75
 WEAK_BAND = (3.0, 4.5)
+# The third drafter quality: the imperfect drafter's size, trained on until linear DFlash accepts
+# MID_GOAL, where a tree still adds tokens but less than over the weak drafter.
+MID_GOAL = 5.25
+# The drafters trained to a goal: name -> (config, goal, seed offset); each is DIR/drafter-NAME.
+GOAL_DRAFTERS = {"weak": (tinymodel.WEAK_DRAFT_CONFIG, WEAK_GOAL, 2), "mid": (tinymodel.WEAK_DRAFT_CONFIG, MID_GOAL, 3)}
 RANKS_KEPT = 8
 # The speed configs and the acceptance grid of the proving ground (tests/gpu/matrix.json).
 TREE_SHAPES = [CHAIN, TreeShape(7, 1, True)] + [
@@ -236,6 +249,87 @@ def trained_drafter(config: dict, seed: int, target, data, device, deadline, gre
     return drafter, info
 
 
+def goal_drafter(name: str, seed: int, target, data, device, deadline, greedy, prompt_lens, knobs: Knobs):
+    """GOAL_DRAFTERS[name], trained until linear DFlash first accepts its goal (or the deadline)."""
+    config, goal, offset = GOAL_DRAFTERS[name]
+    drafter, info = trained_drafter(config, seed + offset, target, data, device, deadline, greedy, prompt_lens,
+                                    knobs, goal=goal)
+    info["goal"] = goal
+    return drafter, info
+
+
+def drafter_dir(name: str) -> str:
+    return "drafter" if name == "real" else f"drafter-{name}"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name() if device.type == "cuda" else str(device)
+
+
+def save_drafter(drafter, config: dict, tok, out_dir: Path) -> None:
+    """Checkpoint and tokenizer, written beside `out_dir` and moved into place: a run stopped
+    half-way leaves no drafter folder a server would load."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tinymodel.save_checkpoint(drafter, config, tmp)
+    tokenizer.save_tokenizer(tok, tmp, tinymodel.MAX_POSITIONS)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.replace(out_dir)
+
+
+ACCEPTANCE_NOTE = ("exact greedy acceptance (committed tokens per step) along the target's continuations of the "
+                   "prompts ({tokens} tokens each); rank_histogram: rank of the true token per draft depth")
+
+
+def load_pair(out: Path, device: torch.device):
+    """(target, tokenizer, seed, prompt ids) of a folder make_pair wrote; UserError if it is not one."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    try:
+        config = json.loads((out / "target" / "config.json").read_text())
+        meta = json.loads((out / "prompts.json").read_text())
+        prompts = [list(map(int, p["input_ids"])) for p in meta["prompts"]]
+        seed = int(meta["seed"])
+        state = load_file(str(out / "target" / "model.safetensors"))
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as err:
+        raise UserError(f"{out}: not a model folder train wrote ({type(err).__name__}: {err})") from None
+    try:
+        tok = Tokenizer.from_file(str(out / "target" / "tokenizer.json"))
+    except Exception as err:  # tokenizers raises a bare Exception for a missing or broken file
+        raise UserError(f"{out}/target/tokenizer.json: {err}") from None
+    if config != tinymodel.TARGET_CONFIG:
+        raise UserError(f"{out}/target is not the tiny target this code trains (a widened one?)")
+    target = tinymodel.TinyDeepseekV3()
+    # bf16 on disk, float here: autocast runs the matmuls in bf16 as training did.
+    target.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return target.to(device).eval().requires_grad_(False), tok, seed, prompts
+
+
+def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, knobs: Knobs = Knobs()) -> dict:
+    """Train the goal drafter `name` against the target already in `out` and add it there:
+    DIR/drafter-NAME, its acceptance table and its train report entry."""
+    t0 = time.time()
+    target, tok, seed, prompts = load_pair(out, device)
+    data = encode_corpus(tok, corpus.corpus_lines(seed, knobs.corpus_words))
+    prompt_lens = [len(p) for p in prompts]
+    greedy, _ = greedy_continuations(target, prompts, knobs.eval_new_tokens, device)
+    drafter, info = goal_drafter(name, seed, target, data, device, t0 + time_budget, greedy, prompt_lens, knobs)
+    info.update(seconds=round(time.time() - t0, 1), device=device_name(device), torch=torch.__version__)
+    log(f"{name} drafter done: {info}")
+    served, _ = greedy_continuations(target, prompts, knobs.report_new_tokens, device)
+    save_drafter(drafter, GOAL_DRAFTERS[name][0], tok, out / drafter_dir(name))
+    for path, key, value in ((out / "acceptance.json", name, drafter_report(target, drafter, served, prompt_lens)),
+                             (out / "train_report.json", f"drafter_{name}", info)):
+        doc = json.loads(path.read_text()) if path.is_file() else {}
+        doc[key] = value
+        if path.name == "acceptance.json":
+            doc.setdefault("note", ACCEPTANCE_NOTE.format(tokens=knobs.report_new_tokens))
+        atomic.write_text(path, json.dumps(doc, indent=1) + "\n")
+    return info
+
+
 def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, knobs: Knobs = Knobs()) -> dict:
     t0 = time.time()
     lines = corpus.corpus_lines(seed, knobs.corpus_words)
@@ -266,50 +360,61 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, kn
                                           greedy, prompt_lens, knobs)
     draft_info["seconds"] = round(time.time() - t0, 1)
     log(f"drafter done: {draft_info}")
-    weak, weak_info = trained_drafter(tinymodel.WEAK_DRAFT_CONFIG, seed + 2, *common, t0 + time_budget,
-                                      greedy, prompt_lens, knobs, goal=WEAK_GOAL)
+    weak, weak_info = goal_drafter("weak", seed, *common, t0 + time_budget * 0.9, greedy, prompt_lens, knobs)
     low, high = WEAK_BAND
-    weak_info.update(goal=WEAK_GOAL, band=list(WEAK_BAND), seconds=round(time.time() - t0, 1),
+    weak_info.update(band=list(WEAK_BAND), seconds=round(time.time() - t0, 1),
                      in_band=low <= weak_info["simulated_accept_length"] <= high)
     if not weak_info["in_band"]:
         log(f"WARNING: the imperfect drafter accepts {weak_info['simulated_accept_length']:.2f}, outside {WEAK_BAND}")
     log(f"imperfect drafter done: {weak_info}")
+    mid, mid_info = goal_drafter("mid", seed, *common, t0 + time_budget, greedy, prompt_lens, knobs)
+    mid_info["seconds"] = round(time.time() - t0, 1)
+    log(f"mid drafter done: {mid_info}")
     # As long as the proving ground's requests, so the table compares with what the servers report.
     served, _ = greedy_continuations(target, prompts, knobs.report_new_tokens, device)
-    acceptance = {name: drafter_report(target, d, served, prompt_lens) for name, d in (("real", drafter), ("weak", weak))}
+    drafters = {"real": (drafter, tinymodel.DRAFT_CONFIG), "weak": (weak, GOAL_DRAFTERS["weak"][0]),
+                "mid": (mid, GOAL_DRAFTERS["mid"][0])}
+    acceptance = {name: drafter_report(target, d, served, prompt_lens) for name, (d, _) in drafters.items()}
 
     tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
-    tinymodel.save_checkpoint(drafter, tinymodel.DRAFT_CONFIG, out / "drafter")
-    tinymodel.save_checkpoint(weak, tinymodel.WEAK_DRAFT_CONFIG, out / "drafter-weak")
-    for sub in ("target", "drafter", "drafter-weak"):
-        tokenizer.save_tokenizer(tok, out / sub, tinymodel.MAX_POSITIONS)
+    tokenizer.save_tokenizer(tok, out / "target", tinymodel.MAX_POSITIONS)
+    for name, (d, config) in drafters.items():
+        save_drafter(d, config, tok, out / drafter_dir(name))
     (out / "prompts.json").write_text(json.dumps(
         {"seed": seed, "prompts": [{"text": t, "input_ids": ids} for t, ids in zip(prompt_texts, prompts)]},
         indent=1) + "\n")
-    (out / "acceptance.json").write_text(json.dumps(
-        {"note": "exact greedy acceptance (committed tokens per step) along the target's continuations of the "
-                 f"prompts ({knobs.report_new_tokens} tokens each); rank_histogram: rank of the true token per draft depth",
-         **acceptance}, indent=1) + "\n")
+    atomic.write_text(out / "acceptance.json", json.dumps(
+        {"note": ACCEPTANCE_NOTE.format(tokens=knobs.report_new_tokens), **acceptance}, indent=1) + "\n")
     report = {"seed": seed, "target": target_info, "drafter": draft_info, "drafter_weak": weak_info,
-              "torch": torch.__version__,
-              "device": torch.cuda.get_device_name() if device.type == "cuda" else str(device)}
-    (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+              "drafter_mid": mid_info, "torch": torch.__version__, "device": device_name(device)}
+    atomic.write_text(out / "train_report.json", json.dumps(report, indent=1) + "\n")
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m k26_ddtree.gpu.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for target/, drafter/, prompts.json")
+    parser.add_argument("--out", required=True, type=Path, help="folder for target/, drafter*/, prompts.json")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--time-budget", type=float, default=150.0, help="seconds for both trainings together")
-    parser.add_argument("--device", default="cuda", help="torch device (cpu only for --smoke)")
+    parser.add_argument("--time-budget", type=float, default=150.0,
+                        help="seconds for all the trainings together (--add-drafter: for that one drafter)")
+    parser.add_argument("--device", default="cuda", help="torch device (cpu: --smoke, or --add-drafter)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the code path, not the model")
+    parser.add_argument("--add-drafter", choices=sorted(GOAL_DRAFTERS),
+                        help="train only this goal drafter against the target already in --out, and add it there")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("train: no CUDA GPU here (use --device cpu --smoke for a code-path check)", file=sys.stderr)
         return 2
-    make_pair(args.out, args.seed, args.time_budget, device, SMOKE if args.smoke else Knobs())
+    knobs = SMOKE if args.smoke else Knobs()
+    try:
+        if args.add_drafter:
+            add_drafter(args.out, args.add_drafter, args.time_budget, device, knobs)
+        else:
+            make_pair(args.out, args.seed, args.time_budget, device, knobs)
+    except UserError as err:
+        print(f"train: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

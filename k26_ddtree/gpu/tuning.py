@@ -39,9 +39,6 @@ from k26_ddtree.sglang.trace import FLUSH_SECONDS
 
 TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
-# Each cost cell: the median of 3 repeats of >= --cost-seconds; 3, not the speed table's 5, so
-# that seven cost servers fit one device call beside the trace cells.
-COST_REPEATS = 3
 # Every record of the last cell is in the file by then.
 TRACE_SETTLE_S = FLUSH_SECONDS + 1.0
 
@@ -133,8 +130,8 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
             if group.trace_file(args.work).is_file():
                 shutil.copyfile(group.trace_file(args.work), root / group.name / "trace.k26")
         bench = ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
-                 "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", str(COST_REPEATS),
-                 "--quiet"]
+                 "--output-len", str(new_tokens), "--steady", str(args.cost_seconds),
+                 "--repeats", str(args.cost_repeats), "--quiet"]
         for i, group in enumerate(tunes):
             out = root / group.name
             costs = out / "costs.json"

@@ -1,6 +1,7 @@
 """Corpus determinism, the locally built tokenizer, and the tiny model pair's configs and weights."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -118,7 +119,7 @@ def test_drafter_training_batch_shapes_and_mask():
 
 def test_smoke_training_writes_both_pairs_and_their_acceptance(tmp_path):
     train.make_pair(tmp_path, 0, time_budget=1.0, device=torch.device("cpu"), knobs=train.SMOKE)
-    for sub in ("target", "drafter", "drafter-weak"):
+    for sub in ("target", "drafter", "drafter-weak", "drafter-mid"):
         for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             assert (tmp_path / sub / name).is_file()
     weak = json.loads((tmp_path / "drafter-weak" / "config.json").read_text())
@@ -127,12 +128,44 @@ def test_smoke_training_writes_both_pairs_and_their_acceptance(tmp_path):
     assert len(prompts) == 8 and all(p["input_ids"] for p in prompts)
     report = json.loads((tmp_path / "train_report.json").read_text())
     assert {"median_gap", "p10_gap", "min_gap"} <= set(report["target"])
-    assert report["drafter_weak"]["goal"] == train.WEAK_GOAL
+    assert report["drafter_weak"]["goal"] == train.WEAK_GOAL and report["drafter_mid"]["goal"] == train.MID_GOAL
     table = json.loads((tmp_path / "acceptance.json").read_text())
-    for kind in ("real", "weak"):
+    for kind in ("real", "weak", "mid"):
         acceptance = table[kind]["acceptance"]
         assert set(acceptance) == {shape.name for shape in train.TREE_SHAPES}
         assert all(1.0 <= a <= tinymodel.BLOCK_SIZE for a in acceptance.values())
         # the spine keeps the chain inside the tree: never fewer tokens than linear DFlash
         assert acceptance["b64k8-spine"] >= acceptance["b7k1"] - 1e-9
         assert set(table[kind]["rank_histogram"]) == {str(d) for d in range(1, tinymodel.BLOCK_SIZE)}
+
+
+def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(tmp_path):
+    train.make_pair(tmp_path, 0, time_budget=1.0, device=torch.device("cpu"), knobs=train.SMOKE)
+    target_before = (tmp_path / "target" / "model.safetensors").read_bytes()
+    shutil.rmtree(tmp_path / "drafter-mid")
+    table = json.loads((tmp_path / "acceptance.json").read_text())
+    del table["mid"]
+    (tmp_path / "acceptance.json").write_text(json.dumps(table))
+    assert train.main(["--out", str(tmp_path), "--add-drafter", "mid", "--device", "cpu", "--smoke",
+                       "--time-budget", "1"]) == 0
+    mid = json.loads((tmp_path / "drafter-mid" / "config.json").read_text())
+    assert mid == train.GOAL_DRAFTERS["mid"][0]
+    assert (tmp_path / "drafter-mid" / "tokenizer.json").read_bytes() == (tmp_path / "target" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "target" / "model.safetensors").read_bytes() == target_before
+    table = json.loads((tmp_path / "acceptance.json").read_text())
+    assert {"real", "weak", "mid"} <= set(table) and set(table["mid"]["acceptance"]) == {s.name for s in train.TREE_SHAPES}
+    report = json.loads((tmp_path / "train_report.json").read_text())
+    assert report["drafter_mid"]["goal"] == train.MID_GOAL and report["drafter_mid"]["device"] == "cpu"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_add_drafter_refuses_a_folder_that_holds_no_tiny_target(tmp_path, capsys):
+    assert train.main(["--out", str(tmp_path), "--add-drafter", "mid", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train: error: ") and "not a model folder" in err and len(err.splitlines()) == 1
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps({"num_hidden_layers": 48}))
+    (tmp_path / "prompts.json").write_text(json.dumps({"seed": 0, "prompts": [{"input_ids": [5, 6]}]}))
+    (tmp_path / "target" / "model.safetensors").write_bytes(b"not safetensors")
+    assert train.main(["--out", str(tmp_path), "--add-drafter", "mid", "--device", "cpu"]) == 2
+    assert "not a model folder" in capsys.readouterr().err

@@ -102,10 +102,12 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     spec = matrix.load(MATRIX)
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
-                                       "tiny-speed-real", "client-check"}
+                                       "tiny-speed-real", "client-check", "wide-speed-mid"}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
-                        ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"), ("tiny-speed-real", "tiny-tune")):
-        tuned = {"ddtree-stuned-weak-spine", "ddtree-stunedweak-weak-spine", "ddtree-stunedreal-real-spine"}
+                        ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"), ("tiny-speed-real", "tiny-tune"),
+                        ("wide-speed-mid", "wide-tune-mid")):
+        tuned = {"ddtree-stuned-weak-spine", "ddtree-stunedweak-weak-spine", "ddtree-stunedreal-real-spine",
+                 "ddtree-stunedmid-mid-spine"}
         assert set(runs[run]) - tuned <= set(runs[source])
         assert spec["run_settings"][run] == spec["run_settings"][source], "reuse needs the same settings"
         names = runs[run]
@@ -114,6 +116,8 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     assert set(spec["first_wave"]) <= set(runs["prove"])
     weak = {matrix.parse_server(n).drafter for n in runs["speed-weak"] if n != "ar"}
     assert weak == {"weak"}
+    mid = {matrix.parse_server(n, {"tunedmid": "1:8/4"}).drafter for n in runs["wide-speed-mid"] if n != "ar"}
+    assert mid == {"mid"}
     cells = spec["speed"]["cells"]
     assert {c["concurrency"] for c in cells.values()} == {1, 4, 16, 64}
     assert spec["speed"]["repeats"] >= 5 and spec["speed"]["min_seconds"] >= 3.0
@@ -128,6 +132,9 @@ def test_drafter_kinds_pick_their_checkpoint_and_servers_sleep_when_idle():
     dflash_weak = " ".join(matrix.server_command(matrix.parse_server("dflash-weak"), Path("/m"), 1, settings))
     assert "--speculative-algorithm DFLASH --speculative-draft-model-path /m/drafter-weak" in dflash_weak
     assert "--sleep-on-idle" in weak
+    for name in ("dflash-mid", "ddtree-b16-k4-mid-spine"):
+        mid = " ".join(matrix.server_command(matrix.parse_server(name), Path("/m"), 1, settings))
+        assert "--speculative-draft-model-path /m/drafter-mid" in mid
     assert matrix.parse_server("ddtree-b8-k4-oracle").oracle and not matrix.parse_server("dflash-weak").oracle
 
 
