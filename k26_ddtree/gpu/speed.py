@@ -86,6 +86,7 @@ class CellResult:
             "min_tok_s": round(min(rates), 1) if rates else None,
             "max_tok_s": round(max(rates), 1) if rates else None,
             "repeat_seconds": [round(r.wall_s, 2) for r in self.repeats],
+            "repeat_tok_s": [round(r.tok_per_s, 1) for r in self.repeats],
             "requests_per_repeat": self.repeats[-1].requests if self.repeats else 0,
             "accept_length": round(tokens / steps, 3) if speculative and steps else None,
             "errors": errors,

@@ -7,15 +7,19 @@ per request), copied before any bench request reaches a server; step costs from 
 bench run --steady` against each of its cost servers at the tune concurrencies, on the same
 prompts and tokens per request: a closed loop over whole cycles of the prompts, as the speed
 table serves them, so the step times are those of the steady state the table measures (bench's
-default cells, a few waves each, had DFLASH's C=64 step at 88 ms against the table's 61); then
-`k26-deploy tune` writes tune.json (+ .png, and its printout in .txt). Every group's files are
+default cells, a few waves each, had DFLASH's C=64 step at 88 ms against the table's 61). The
+--cost-repeats repeats run as rounds across the group's cost servers, one closed loop per server
+and concurrency each, and tune takes each cost's median over the rounds; then `k26-deploy tune`
+writes tune.json (+ .png, and its printout in .txt). Every group's files are
 packed with its costs and trace into OUT/tune.tar.xz (tune/GROUP/); WORK/tune-GROUP.json stays
 for a later call on the warm machine, whose ddtree-s<NAME> server serves it (e2e --schedule
 NAME=@FILE).
 
 check (here, on the results): tune's predicted acceptance and tok/s of every config in a speed
 table against what the table measured, and the schedule against the best single config and
-DFLASH at every concurrency.
+DFLASH at every concurrency, and against the single server that serves the config the schedule
+chose there (an A/A pair, the measurement's own spread). Several tables of the same servers
+are pooled, each cell the mean of the tables' medians.
 """
 
 from __future__ import annotations
@@ -130,14 +134,19 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
             if group.trace_file(args.work).is_file():
                 shutil.copyfile(group.trace_file(args.work), root / group.name / "trace.k26")
         bench = ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
-                 "--output-len", str(new_tokens), "--steady", str(args.cost_seconds),
-                 "--repeats", str(args.cost_repeats), "--quiet"]
+                 "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", "1", "--quiet"]
         for i, group in enumerate(tunes):
             out = root / group.name
             costs = out / "costs.json"
-            # This tune and every later group's need a minute each.
-            bench_servers(servers, list(group.costs), costs, out / "tune.log", bench, deadline - 60 * (len(tunes) - i),
-                          f"tune {group.name} costs", say)
+            for r in range(args.cost_repeats):
+                # Round r benches every cost server once, the order rotated by r, as the speed table
+                # interleaves its repeats: a drift of the machine then moves every server's costs
+                # alike, where one server's repeats back to back all caught the same few seconds.
+                # This tune and every later group's need a minute each.
+                turn = r % len(group.costs) if group.costs else 0
+                bench_servers(servers, list(group.costs[turn:] + group.costs[:turn]), costs, out / "tune.log", bench,
+                              deadline - 60 * (len(tunes) - i),
+                              f"tune {group.name} costs, round {r + 1}/{args.cost_repeats}", say)
             _tune(args, group, out, costs, levels, deadline, say)
     finally:
         # One file back from the device (it brings back at most 8): costs, traces, tune's outputs.
@@ -196,28 +205,27 @@ def _served_config(name: str) -> str | None:
     return "DFLASH" if spec.algo == "DFLASH" else TreeShape(spec.budget, spec.topk, spec.spine).name
 
 
-def check(tune_path: Path, speed_path: Path, schedule_server: str) -> dict:
-    """Predicted against measured for the speed table's servers (greedy cells only)."""
+def check(tune_path: Path, speed_paths: list[Path], schedule_server: str) -> dict:
+    """Predicted against measured for the speed tables' servers (greedy cells only). Several tables
+    of the same servers (back-to-back calls) are pooled: each cell is the mean of its tables' medians."""
     try:
         tuned = read_json(tune_path)
-        speed_doc = read_json(speed_path)
+        speed_docs = [read_json(path) for path in speed_paths]
     except (FileNotFoundError, Unreadable) as err:
         raise UserError(str(err)) from None
     predicted = {}
     for row in tuned["predictions"]:
         key = "DFLASH" if row["dflash_chain"] else row["config"]
         predicted[key] = row
-    cells = {}
-    for cell in speed_doc["speed"]:
-        name = str(cell["cell"])
-        if name.startswith(GREEDY) and cell.get("median_tok_s"):
-            cells.setdefault(cell["server"], {})[int(name[len(GREEDY):])] = cell
+    cells = _pooled(speed_docs)
     rows = []
     for server, by_c in sorted(cells.items()):
         config = _served_config(server)
         for c, cell in sorted(by_c.items()):
             row = {"server": server, "concurrency": c, "measured_tok_s": cell["median_tok_s"],
                    "measured_acceptance": cell.get("accept_length")}
+            if len(cell["table_medians"]) > 1:
+                row["table_medians"] = cell["table_medians"]
             pred = _prediction(tuned, predicted, config, server == schedule_server, c)
             if pred is not None:
                 row.update(predicted_acceptance=pred[0], predicted_tok_s=pred[1])
@@ -225,7 +233,32 @@ def check(tune_path: Path, speed_path: Path, schedule_server: str) -> dict:
                     row["acceptance_error"] = pred[0] / row["measured_acceptance"] - 1
                 row["tok_s_error"] = pred[1] / row["measured_tok_s"] - 1
             rows.append(row)
-    return {"rows": rows, "verdicts": _verdicts(cells, schedule_server)}
+    return {"tables": [str(p) for p in speed_paths], "rows": rows,
+            "verdicts": _verdicts(cells, schedule_server, _chosen(tuned))}
+
+
+def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
+    """{server: {C: cell}} of the greedy cells, each the mean of its tables' medians and acceptances."""
+    found: dict[str, dict[int, list[dict]]] = {}
+    for doc in speed_docs:
+        for cell in doc["speed"]:
+            name = str(cell["cell"])
+            if name.startswith(GREEDY) and cell.get("median_tok_s"):
+                found.setdefault(cell["server"], {}).setdefault(int(name[len(GREEDY):]), []).append(cell)
+    pooled: dict[str, dict[int, dict]] = {}
+    for server, by_c in found.items():
+        for c, got in by_c.items():
+            medians = [float(cell["median_tok_s"]) for cell in got]
+            accepts = [float(cell["accept_length"]) for cell in got if cell.get("accept_length")]
+            pooled.setdefault(server, {})[c] = {"median_tok_s": sum(medians) / len(medians), "table_medians": medians,
+                                                "accept_length": sum(accepts) / len(accepts) if accepts else None}
+    return pooled
+
+
+def _chosen(tuned: dict) -> dict[int, str]:
+    """The config (TreeShape.name, or DFLASH) tune's schedule serves at each concurrency it planned."""
+    return {int(p["concurrency"]): "DFLASH" if p["best"].get("dflash_chain") else p["best"].get("config")
+            for p in tuned["per_concurrency"] if "config" in p["best"] or p["best"].get("dflash_chain")}
 
 
 def _prediction(tuned: dict, predicted: dict, config: str | None, is_schedule: bool, c: int):
@@ -239,8 +272,10 @@ def _prediction(tuned: dict, predicted: dict, config: str | None, is_schedule: b
     return row["acceptance"], row["predicted"][str(c)]["tok_s"]
 
 
-def _verdicts(cells: dict, schedule_server: str) -> list[dict]:
-    """Per C: the schedule's median against the best single config's and DFLASH's."""
+def _verdicts(cells: dict, schedule_server: str, chosen: dict[int, str]) -> list[dict]:
+    """Per C: the schedule's median against the best single config's and DFLASH's, and the single
+    server that serves the very config the schedule chose at that C, if the table has one: their
+    ratio measures nothing but the measurement's own spread (an A/A pair)."""
     out = []
     mine = cells.get(schedule_server, {})
     for c, cell in sorted(mine.items()):
@@ -251,10 +286,12 @@ def _verdicts(cells: dict, schedule_server: str) -> list[dict]:
         # ddtree-s server a chain-only schedule would need).
         dflash = cell["median_tok_s"] if schedule_server.startswith("dflash") else next(
             (v for s, v in singles.items() if s.startswith("dflash")), None)
+        twin = next((s for s in sorted(singles) if chosen.get(c) and _served_config(s) == chosen[c]), None)
         out.append({"concurrency": c, "schedule_tok_s": cell["median_tok_s"], "best_single": best,
                     "best_single_tok_s": singles.get(best), "dflash_tok_s": dflash,
                     "vs_best": cell["median_tok_s"] / singles[best] if best else None,
-                    "vs_dflash": cell["median_tok_s"] / dflash if dflash else None})
+                    "vs_dflash": cell["median_tok_s"] / dflash if dflash else None,
+                    "same_config": twin, "vs_same_config": cell["median_tok_s"] / singles[twin] if twin else None})
     return out
 
 
@@ -268,16 +305,26 @@ def markdown(result: dict) -> str:
         def num(key, fmt):
             return format(r[key], fmt) if r.get(key) is not None else "-"
 
-        lines.append(f"| {r['server']} | {r['concurrency']} | {num('measured_tok_s', '.0f')} | "
+        measured = num("measured_tok_s", ".0f")
+        if r.get("table_medians"):
+            measured += " (" + " / ".join(f"{m:.0f}" for m in r["table_medians"]) + ")"
+        lines.append(f"| {r['server']} | {r['concurrency']} | {measured} | "
                      f"{num('predicted_tok_s', '.0f')} | {pct('tok_s_error')} | {num('measured_acceptance', '.2f')} | "
                      f"{num('predicted_acceptance', '.2f')} | {pct('acceptance_error')} |")
     lines += ["", "| C | schedule tok/s | best single | its tok/s | ×best | ×DFLASH |", "|---|---|---|---|---|---|"]
+    ratio = (lambda x: f"{x:.2f}" if x is not None else "-")
     for v in result["verdicts"]:
-        ratio = (lambda x: f"{x:.2f}" if x is not None else "-")
         # No single config measured at this C (a table of AR and the schedule only): "-".
         single = "-" if v["best_single_tok_s"] is None else f"{v['best_single_tok_s']:.0f}"
         lines.append(f"| {v['concurrency']} | {v['schedule_tok_s']:.0f} | {v['best_single'] or '-'} | "
                      f"{single} | {ratio(v['vs_best'])} | {ratio(v['vs_dflash'])} |")
+    twins = [v for v in result["verdicts"] if v.get("same_config")]
+    if twins:
+        lines += ["", "Where the schedule serves the same config as a single server (an A/A pair: the ratio is the "
+                  "measurement's own spread):", "", "| C | server | schedule / server |", "|---|---|---|"]
+        lines += [f"| {v['concurrency']} | {v['same_config']} | {ratio(v['vs_same_config'])} |" for v in twins]
+    if len(result.get("tables", [])) > 1:
+        lines += ["", f"Each measured cell: the mean of {len(result['tables'])} tables' medians (in brackets)."]
     return "\n".join(lines) + "\n"
 
 
@@ -287,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m k26_ddtree.gpu.tuning",
                                      description="tune's predictions against a speed table's measurements")
     parser.add_argument("--tune", type=Path, required=True, help="tune.json of the tuning run")
-    parser.add_argument("--speed", type=Path, required=True, help="e2e-runRUN.json of the speed run")
+    parser.add_argument("--speed", type=Path, required=True, action="append",
+                        help="e2e-runRUN.json of the speed run (repeatable: tables of the same servers are pooled)")
     parser.add_argument("--schedule-server", required=True, help="the speed table's server serving tune's schedule")
     parser.add_argument("--out", type=Path, help="write the result JSON here (and .md beside it)")
     args = parser.parse_args(argv)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, median
 
 from k26_ddtree.bench.results import load_results
 from k26_ddtree.errors import UserError
@@ -176,11 +176,11 @@ def load_costs(path: Path, contexts: tuple[int, ...] | None = None) -> Costs:
     spread = [(max(v) - min(v)) / min(v) for (kind, _, _), v in samples.items() if kind == TREE and len(v) > 1]
     if spread:
         notes.append(f"runs of one budget at one C (other topk, repeats) differ in step time by up to "
-                     f"{100 * max(spread):.1f}%; their mean is used")
+                     f"{100 * max(spread):.1f}%; their median is used")
     tree: dict[int, dict[int, float]] = {}
     for (kind, c, budget), v in samples.items():
         if kind == TREE:
-            tree.setdefault(c, {})[budget] = fmean(v)
+            tree.setdefault(c, {})[budget] = median(v)
     if not tree:
         raise UserError(f"{path}: no DDTree run has a clean cell at every context {', '.join(map(str, chosen))} "
                         "at any concurrency")
@@ -189,8 +189,8 @@ def load_costs(path: Path, contexts: tuple[int, ...] | None = None) -> Costs:
         source=path,
         contexts=chosen,
         tree=tree,
-        chain={c: fmean(v) for (kind, c, _), v in samples.items() if kind == CHAIN},
-        ar_tok_s={c: c / fmean(v) for (kind, c, _), v in samples.items() if kind == AR},
+        chain={c: median(v) for (kind, c, _), v in samples.items() if kind == CHAIN},
+        ar_tok_s={c: c / median(v) for (kind, c, _), v in samples.items() if kind == AR},
         models=frozenset(name for _, run, _ in used for name in _names(run)),
         block_sizes=frozenset(blocks),
         runs=tuple(RunUsed(run["run_id"], run["label"], kind, run.get("budget"), run.get("topk"))

@@ -159,6 +159,7 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
         assert c["repeats"] == 3 and c["errors"] == 0
         assert all(s >= 0.3 for s in c["repeat_seconds"]), c
         assert c["min_tok_s"] <= c["median_tok_s"] <= c["max_tok_s"]
+        assert len(c["repeat_tok_s"]) == 3 and sorted(c["repeat_tok_s"])[1] == c["median_tok_s"]
         assert c["requests_per_repeat"] % 8 == 0, "whole cycles of the 8 prompts, for every server"
         if cell.startswith("greedy"):
             expected = "exact" if server == "ar" else "lossless (ties only)"
@@ -263,7 +264,8 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
     spec["runs"]["sched"] = ["ar", "ddtree-stuned-real-spine", "ddtree-b8-k4-real"]
     spec["run_workloads"] = {"sched": {"ddtree-stuned-real-spine": ["greedy-c1", "greedy-ramp"],
                                        "ddtree-b8-k4-real": ["greedy-c1"]}}
-    spec["tunes"] = {"sched": {"one": {"trace": "ddtree-stuned-real-spine", "costs": ["ddtree-stuned-real-spine"]},
+    spec["tunes"] = {"sched": {"one": {"trace": "ddtree-stuned-real-spine",
+                                       "costs": ["ddtree-stuned-real-spine", "ddtree-b8-k4-real"]},
                                "two": {"trace": "ddtree-b8-k4-real", "costs": ["ddtree-b8-k4-real"],
                                        "args": ["--spine=off"]}}}
     matrix.write_text(json.dumps(spec))
@@ -282,13 +284,19 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
     assert "--speculative-ddtree-budget-schedule 1:8/4,4:0" in log and "--speculative-ddtree-spine" in log
     assert "tune one: no trace; not run" in done.stdout and "tune two: no trace; not run" in done.stdout
     with tarfile.open(tmp_path / "out" / "tune.tar.xz") as archive:
-        for group, server in (("one", "ddtree-stuned-real-spine"), ("two", "ddtree-b8-k4-real")):
+        s8, b8 = "ddtree-stuned-real-spine", "ddtree-b8-k4-real"
+        for group, order in (("one", [s8, b8, b8, s8, s8, b8]), ("two", [b8, b8, b8])):
             costs = json.load(archive.extractfile(f"tune/{group}/costs.json"))
-            run = costs["runs"][0]
-            assert run["label"] == server and [c["concurrency"] for c in run["cells"]] == [1, 4, 16, 64]
-            # The costs' closed loop: the run's own prompts and tokens per request, a median of 3 repeats.
-            assert run["settings"]["prompts"]["kind"] == "prompt-set" and run["settings"]["matrix"]["output_len"] == 32
-            assert all(len(c["steady"]["repeats"]) == 3 for c in run["cells"])
+            # Three rounds (--cost-repeats' default) across the group's cost servers, the order
+            # rotated each round, one closed loop per server and C each.
+            assert [run["label"] for run in costs["runs"]] == order
+            for run in costs["runs"]:
+                assert [c["concurrency"] for c in run["cells"]] == [1, 4, 16, 64]
+                # The costs' closed loop: the run's own prompts and tokens per request.
+                assert run["settings"]["prompts"]["kind"] == "prompt-set"
+                assert run["settings"]["matrix"]["output_len"] == 32
+                assert all(len(c["steady"]["repeats"]) == 1 for c in run["cells"])
+    assert "tune one costs, round 2/3 ddtree-b8-k4-real: exit 0" in done.stdout
     assert not (tmp_path / "out" / "tune").exists()
 
 
@@ -391,3 +399,14 @@ def test_tune_groups_narrow_to_the_started_servers_and_a_kept_trace_server_start
                 os.killpg(kept["pid"], 9)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("flag", [("--cost-repeats", "0"), ("--cost-seconds", "0")])
+def test_cost_settings_that_measure_nothing_are_refused_before_anything_starts(setup, flag):
+    tmp_path, models, matrix = setup
+    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
+           "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
+           "--work", str(tmp_path / "work"), *flag]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--cost-repeats must be >= 1 and --cost-seconds > 0" in done.stderr
+    assert not (tmp_path / "out").exists()

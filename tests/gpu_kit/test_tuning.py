@@ -17,7 +17,7 @@ TUNE, SPEED = RESULTS / "wide-tune" / "tune.json", RESULTS / "wide-speed" / "e2e
 
 
 def test_every_served_config_meets_its_prediction_and_the_schedule_its_rivals():
-    result = tuning.check(TUNE, SPEED, "ddtree-stuned-weak-spine")
+    result = tuning.check(TUNE, [SPEED], "ddtree-stuned-weak-spine")
     rows = {(r["server"], r["concurrency"]): r for r in result["rows"]}
     assert len(rows) == 20, "5 servers x C in 1, 4, 16, 64"
     b8 = rows[("ddtree-b8-k4-weak-spine", 1)]
@@ -35,7 +35,7 @@ def test_every_served_config_meets_its_prediction_and_the_schedule_its_rivals():
 
 def test_the_committed_check_is_what_the_tool_prints():
     assert (RESULTS / "tune-check.md").read_text() == tuning.markdown(
-        tuning.check(TUNE, SPEED, "ddtree-stuned-weak-spine"))
+        tuning.check(TUNE, [SPEED], "ddtree-stuned-weak-spine"))
 
 
 def test_a_missing_file_is_one_line_and_exit_2(tmp_path):
@@ -90,9 +90,30 @@ def test_a_schedule_of_the_chain_everywhere_is_checked_as_the_dflash_server(tmp_
     tune_path, speed_path = tmp_path / "tune.json", tmp_path / "speed.json"
     tune_path.write_text(json.dumps(tune))
     speed_path.write_text(json.dumps(speed))
-    result = tuning.check(tune_path, speed_path, "dflash")
+    result = tuning.check(tune_path, [speed_path], "dflash")
     row = next(r for r in result["rows"] if r["server"] == "dflash")
     assert row["tok_s_error"] == pytest.approx(-0.1)
     assert result["verdicts"] == [{"concurrency": 1, "schedule_tok_s": 100.0, "best_single": "ddtree-b8-k4-real-spine",
                                    "best_single_tok_s": 80.0, "dflash_tok_s": 100.0, "vs_best": 1.25,
-                                   "vs_dflash": 1.0}]
+                                   "vs_dflash": 1.0, "same_config": None, "vs_same_config": None}]
+
+
+MID = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session7"
+
+
+def test_two_tables_pool_and_the_schedule_meets_its_own_config_as_an_a_a_pair():
+    """Session 7's two back-to-back tables of the mid drafter: every cell is the mean of the two
+    medians, and where the schedule serves b16k4-spine (C = 4 and 16) the b16 server is its twin."""
+    tables = [MID / run / "e2e-runwide-speed-mid.json" for run in ("wide-speed-mid", "wide-speed-mid-2")]
+    result = tuning.check(MID / "wide-tune-mid" / "tune" / "mid" / "tune.json", tables, "ddtree-stunedmid-mid-spine")
+    rows = {(r["server"], r["concurrency"]): r for r in result["rows"]}
+    b16 = rows[("ddtree-b16-k4-mid-spine", 16)]
+    assert b16["table_medians"] == [2125.3, 1886.7] and b16["measured_tok_s"] == pytest.approx(2006.0)
+    verdicts = {v["concurrency"]: v for v in result["verdicts"]}
+    assert {c: v["same_config"] for c, v in verdicts.items()} == {
+        1: None, 4: "ddtree-b16-k4-mid-spine", 16: "ddtree-b16-k4-mid-spine", 64: None}
+    assert verdicts[4]["vs_same_config"] == pytest.approx((936.5 + 715.6) / (843.6 + 834.0))
+    table = tuning.markdown(result)
+    assert "| ddtree-b16-k4-mid-spine | 16 | 2006 (2125 / 1887) |" in table
+    assert "| 4 | ddtree-b16-k4-mid-spine | 0.98 |" in table and "mean of 2 tables' medians" in table
+    assert (MID / "tune-check-pooled.md").read_text() == table

@@ -47,13 +47,18 @@ def test_between_measured_budgets_the_step_time_is_linear_and_outside_it_is_miss
         short.require([4], 8, 64)
 
 
-def test_runs_of_one_budget_are_averaged_and_their_spread_is_said(tmp_path):
+def test_runs_of_one_budget_take_their_median_and_their_spread_is_said(tmp_path):
     slow = lambda ctx, c: 1.1 * tree_step_s(8)(ctx, c)  # noqa: E731
     runs = [bench_run(tree_step_s(8), algorithm="DDTREE", budget=8, topk=4),
             bench_run(slow, algorithm="DDTREE", budget=8, topk=8)]
     costs = load_costs(write_results(tmp_path / "sweep.json", runs))
     assert costs.tree[1][8] == pytest.approx(1.05 * fmean(tree_step_s(8)(ctx, 1) for ctx in (60, 1024)))
-    assert any("differ in step time by up to 10.0%; their mean is used" in note for note in costs.notes)
+    assert any("differ in step time by up to 10.0%; their median is used" in note for note in costs.notes)
+    stalled = lambda ctx, c: 3.0 * tree_step_s(8)(ctx, c)  # noqa: E731
+    rounds = load_costs(write_results(tmp_path / "rounds.json", [*runs, bench_run(stalled, algorithm="DDTREE",
+                                                                                budget=8, topk=4)]))
+    assert rounds.tree[1][8] == pytest.approx(1.1 * fmean(tree_step_s(8)(ctx, 1) for ctx in (60, 1024))), \
+        "one stalled round of three does not move the step time"
 
 
 def test_dflash_is_the_chain_ar_the_baseline_and_neither_a_tree_point(tmp_path):
