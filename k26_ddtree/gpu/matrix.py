@@ -32,7 +32,8 @@ TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
 SCHEDULE_NAME = re.compile(r"[a-z][a-z0-9]*")
 _NAME = re.compile(
-    r"^(ar|dflash(?:-(?P<dflash_drafter>weak|mid))?|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>" + SCHEDULE_NAME.pattern + r"))"
+    r"^(ar|dflash(?:-(?P<dflash_drafter>weak|mid))?"
+    r"|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>" + SCHEDULE_NAME.pattern + r"))"
     r"-(?P<drafter>real|weak|mid|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
 )
 # The drafter checkpoint folder of each drafter kind, under the models folder.
@@ -70,8 +71,8 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
     m = _NAME.match(name)
     if not m:
         raise UserError(f"server name {name!r}: expected ar, dflash[-weak|-mid] or "
-                        "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|mid|oracle>[-spine], optionally with -tp2 or -tp2-ep2, "
-                        "then -eager")
+                        "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|mid|oracle>[-spine], "
+                        "optionally with -tp2 or -tp2-ep2, then -eager")
     shape = dict(eager=bool(m.group("eager")), tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1)
     if name.startswith("ar"):
         return ServerSpec(name, "AR", **shape)

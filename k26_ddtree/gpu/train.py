@@ -16,7 +16,7 @@ simulated acceptance length stops improving or its time share runs out. The
 imperfect drafter is the same recipe with half the capacity (tinymodel.
 WEAK_DRAFT_CONFIG), stopped as soon as linear DFlash accepts WEAK_GOAL of 8; the "mid" one
 is that size again, trained on to MID_GOAL, a third quality between the two.
-acceptance.json holds, for both drafters, the exact greedy acceptance of every
+acceptance.json holds, for every drafter, the exact greedy acceptance of every
 tree shape along the target's continuations (k26_ddtree.gpu.acceptance) and
 the rank of the true token at each draft depth.
 """

@@ -257,8 +257,13 @@ def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
 
 def _chosen(tuned: dict) -> dict[int, str]:
     """The config (TreeShape.name, or DFLASH) tune's schedule serves at each concurrency it planned."""
-    return {int(p["concurrency"]): "DFLASH" if p["best"].get("dflash_chain") else p["best"].get("config")
-            for p in tuned["per_concurrency"] if "config" in p["best"] or p["best"].get("dflash_chain")}
+    chosen = {}
+    for planned in tuned["per_concurrency"]:
+        best = planned["best"]
+        name = "DFLASH" if best.get("dflash_chain") else best.get("config")
+        if name:
+            chosen[int(planned["concurrency"])] = name
+    return chosen
 
 
 def _prediction(tuned: dict, predicted: dict, config: str | None, is_schedule: bool, c: int):

@@ -150,10 +150,12 @@ def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(tm
                        "--time-budget", "1"]) == 0
     mid = json.loads((tmp_path / "drafter-mid" / "config.json").read_text())
     assert mid == train.GOAL_DRAFTERS["mid"][0]
-    assert (tmp_path / "drafter-mid" / "tokenizer.json").read_bytes() == (tmp_path / "target" / "tokenizer.json").read_bytes()
+    tokenizer_json = (tmp_path / "target" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "drafter-mid" / "tokenizer.json").read_bytes() == tokenizer_json
     assert (tmp_path / "target" / "model.safetensors").read_bytes() == target_before
     table = json.loads((tmp_path / "acceptance.json").read_text())
-    assert {"real", "weak", "mid"} <= set(table) and set(table["mid"]["acceptance"]) == {s.name for s in train.TREE_SHAPES}
+    assert {"real", "weak", "mid"} <= set(table)
+    assert set(table["mid"]["acceptance"]) == {shape.name for shape in train.TREE_SHAPES}
     report = json.loads((tmp_path / "train_report.json").read_text())
     assert report["drafter_mid"]["goal"] == train.MID_GOAL and report["drafter_mid"]["device"] == "cpu"
     assert not list(tmp_path.glob("*.tmp"))

@@ -104,8 +104,8 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
                                        "tiny-speed-real", "client-check", "wide-speed-mid"}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
-                        ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"), ("tiny-speed-real", "tiny-tune"),
-                        ("wide-speed-mid", "wide-tune-mid")):
+                        ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
+                        ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid")):
         tuned = {"ddtree-stuned-weak-spine", "ddtree-stunedweak-weak-spine", "ddtree-stunedreal-real-spine",
                  "ddtree-stunedmid-mid-spine"}
         assert set(runs[run]) - tuned <= set(runs[source])
