@@ -95,6 +95,15 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
     return ServerSpec(name, "DDTREE", budget, topk, **ddtree)
 
 
+def variant(server: str) -> tuple[str, bool, bool, bool] | None:
+    """(drafter, tp2, ep2, eager) of a server name, whatever it serves; None for a name that is not one."""
+    m = _NAME.match(server)
+    if not m:
+        return None
+    drafter = m.group("drafter") or m.group("dflash_drafter") or "real"
+    return drafter, bool(m.group("tp")), bool(m.group("ep")), bool(m.group("eager"))
+
+
 def schedule_name(server: str) -> str | None:
     """The schedule a ddtree-s<NAME> server name refers to; None for any other name."""
     m = _NAME.match(server)

@@ -37,7 +37,7 @@ from pathlib import Path
 from k26_ddtree import atomic
 from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.errors import UserError
-from k26_ddtree.gpu.matrix import parse_server
+from k26_ddtree.gpu.matrix import parse_server, variant
 from k26_ddtree.jsonread import Unreadable, read_json
 from k26_ddtree.sglang.trace import FLUSH_SECONDS
 
@@ -142,6 +142,8 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
                 # Round r benches every cost server once, the order rotated by r, as the speed table
                 # interleaves its repeats: a drift of the machine then moves every server's costs
                 # alike, where one server's repeats back to back all caught the same few seconds.
+                # (Each round's loop starts at prompt 0, where back-to-back repeats started one
+                # prompt on: a loop covers whole cycles of the prompts either way.)
                 # This tune and every later group's need a minute each.
                 turn = r % len(group.costs) if group.costs else 0
                 bench_servers(servers, list(group.costs[turn:] + group.costs[:turn]), costs, out / "tune.log", bench,
@@ -245,6 +247,12 @@ def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
             name = str(cell["cell"])
             if name.startswith(GREEDY) and cell.get("median_tok_s"):
                 found.setdefault(cell["server"], {}).setdefault(int(name[len(GREEDY):]), []).append(cell)
+    counts = {len(got) for by_c in found.values() for got in by_c.values()}
+    if len(counts) > 1:
+        short = sorted(f"{server} C={c}" for server, by_c in found.items() for c, got in by_c.items()
+                       if len(got) < max(counts))
+        raise UserError(f"the {len(speed_docs)} speed tables do not hold the same cells ({short[0]} is missing from "
+                        "some): pool only tables of the same servers")
     pooled: dict[str, dict[int, dict]] = {}
     for server, by_c in found.items():
         for c, got in by_c.items():
@@ -259,8 +267,8 @@ def _chosen(tuned: dict) -> dict[int, str]:
     """The config (TreeShape.name, or DFLASH) tune's schedule serves at each concurrency it planned."""
     chosen = {}
     for planned in tuned["per_concurrency"]:
-        best = planned["best"]
-        name = "DFLASH" if best.get("dflash_chain") else best.get("config")
+        best = planned.get("best")
+        name = isinstance(best, dict) and ("DFLASH" if best.get("dflash_chain") else best.get("config"))
         if name:
             chosen[int(planned["concurrency"])] = name
     return chosen
@@ -291,7 +299,8 @@ def _verdicts(cells: dict, schedule_server: str, chosen: dict[int, str]) -> list
         # ddtree-s server a chain-only schedule would need).
         dflash = cell["median_tok_s"] if schedule_server.startswith("dflash") else next(
             (v for s, v in singles.items() if s.startswith("dflash")), None)
-        twin = next((s for s in sorted(singles) if chosen.get(c) and _served_config(s) == chosen[c]), None)
+        twin = next((s for s in sorted(singles) if chosen.get(c) and _served_config(s) == chosen[c]
+                     and variant(s) == variant(schedule_server)), None)
         out.append({"concurrency": c, "schedule_tok_s": cell["median_tok_s"], "best_single": best,
                     "best_single_tok_s": singles.get(best), "dflash_tok_s": dflash,
                     "vs_best": cell["median_tok_s"] / singles[best] if best else None,

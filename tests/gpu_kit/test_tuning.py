@@ -117,3 +117,32 @@ def test_two_tables_pool_and_the_schedule_meets_its_own_config_as_an_a_a_pair():
     assert "| ddtree-b16-k4-mid-spine | 16 | 2006 (2125 / 1887) |" in table
     assert "| 4 | ddtree-b16-k4-mid-spine | 0.98 |" in table and "mean of 2 tables' medians" in table
     assert (MID / "tune-check-pooled.md").read_text() == table
+
+
+def test_tables_of_different_servers_are_not_pooled(tmp_path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"speed": [_cell("ddtree-smine-real", 50.0), _cell("dflash", 40.0)]}))
+    second.write_text(json.dumps({"speed": [_cell("ddtree-smine-real", 52.0)]}))
+    (tmp_path / "tune.json").write_text(json.dumps({"predictions": [], "per_concurrency": []}))
+    proc = subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.tuning", "--tune", str(tmp_path / "tune.json"),
+                           "--speed", str(first), "--speed", str(second), "--schedule-server", "ddtree-smine-real"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "do not hold the same cells (dflash C=1 is missing from some)" in proc.stderr
+
+
+def test_an_a_a_twin_serves_the_same_config_with_the_same_drafter(tmp_path):
+    """The schedule chose the chain at C=1: only the DFLASH server of its own drafter is its twin,
+    and a tune file whose best entries are malformed names no twin instead of failing."""
+    tune = {"predictions": [], "per_concurrency": [
+        {"concurrency": 1, "best": {"dflash_chain": True, "acceptance": 6.0, "tok_s": 60.0}},
+        {"concurrency": 4, "best": None}]}
+    speed = {"speed": [_cell("ddtree-smine-mid-spine", 50.0), _cell("dflash", 45.0), _cell("dflash-mid", 40.0),
+                       _cell("ddtree-smine-mid-spine", 70.0, 4), _cell("dflash-mid", 60.0, 4)]}
+    tune_path, speed_path = tmp_path / "tune.json", tmp_path / "speed.json"
+    tune_path.write_text(json.dumps(tune))
+    speed_path.write_text(json.dumps(speed))
+    result = tuning.check(tune_path, [speed_path], "ddtree-smine-mid-spine")
+    verdicts = {v["concurrency"]: v for v in result["verdicts"]}
+    assert verdicts[1]["same_config"] == "dflash-mid" and verdicts[1]["vs_same_config"] == pytest.approx(1.25)
+    assert verdicts[4]["same_config"] is None
