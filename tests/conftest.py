@@ -14,6 +14,7 @@ against the SHA256 in patches/sglang-0.5.11/pins.json.
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
 import zipfile
 from pathlib import Path
@@ -28,6 +29,11 @@ CORE_CASES = Path(__file__).resolve().parent / "core"
 
 
 def pytest_configure(config) -> None:
+    # A suite started in the background of a non-interactive shell (`nohup ... &`) inherits SIGINT
+    # ignored, and so would every process a test starts: the Ctrl-C tests' SIGINT would go
+    # unheard. A handler here is reset to the default in each exec'd child, as in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, str(CORE_CASES))
     if importlib.util.find_spec("torchvision") is None or importlib.util.find_spec("sgl_kernel") is None:
         sys.path.insert(0, str(STUBS))
