@@ -331,7 +331,11 @@ def load_pair(out: Path, device: torch.device):
         raise UserError(f"{out}/target is not the tiny target this code trains (a widened one?)")
     target = tinymodel.TinyDeepseekV3()
     # bf16 on disk, float here: autocast runs the matmuls in bf16 as training did.
-    target.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    try:
+        target.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    except RuntimeError as err:  # missing, extra or misshapen tensors
+        raise UserError(f"{out}/target/model.safetensors: not the tiny target's weights "
+                        f"({str(err).splitlines()[0]})") from None
     return target.to(device).eval().requires_grad_(False), tok, seed, prompts, reports
 
 

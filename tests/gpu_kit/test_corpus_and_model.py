@@ -190,6 +190,8 @@ def _widened(folder):
     (lambda f: (f / "train_report.json").write_text("[]"), "train_report.json: not a JSON object"),
     (lambda f: (f / "acceptance.json").write_text('{"real": '), "not a model folder"),
     (lambda f: (f / "target" / "tokenizer.json").write_text("{"), "tokenizer.json"),
+    (lambda f: shutil.copyfile(f / "drafter" / "model.safetensors", f / "target" / "model.safetensors"),
+     "not the tiny target's weights"),
 ])
 def test_add_drafter_refuses_a_folder_it_cannot_use_before_training(smoke_pair, tmp_path, capsys, spoil, said):
     folder = tmp_path / "pair"
