@@ -73,12 +73,12 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
         raise UserError(f"server name {name!r}: expected ar, dflash[-weak|-mid] or "
                         "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|mid|oracle>[-spine], "
                         "optionally with -tp2 or -tp2-ep2, then -eager")
-    shape = dict(eager=bool(m.group("eager")), tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1)
+    shape = _variant(m)
     if name.startswith("ar"):
         return ServerSpec(name, "AR", **shape)
     if name.startswith("dflash"):
-        return ServerSpec(name, "DFLASH", drafter=m.group("dflash_drafter") or "real", **shape)
-    ddtree = dict(drafter=m.group("drafter"), spine=bool(m.group("spine")), **shape)
+        return ServerSpec(name, "DFLASH", **shape)
+    ddtree = dict(spine=bool(m.group("spine")), **shape)
     if m.group("s"):
         text = (schedules or {}).get(m.group("s"))
         if text is None:
@@ -95,13 +95,17 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
     return ServerSpec(name, "DDTREE", budget, topk, **ddtree)
 
 
-def variant(server: str) -> tuple[str, bool, bool, bool] | None:
-    """(drafter, tp2, ep2, eager) of a server name, whatever it serves; None for a name that is not one."""
+def _variant(m: re.Match) -> dict:
+    """The drafter, parallelism and graphs a matched name asks for, whatever it serves."""
+    return dict(drafter=m.group("drafter") or m.group("dflash_drafter") or "real", eager=bool(m.group("eager")),
+                tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1)
+
+
+def variant(server: str) -> dict | None:
+    """{drafter, eager, tp, ep} of a server name (a schedule server's too, its schedule unchecked);
+    None for a name that is not one."""
     m = _NAME.match(server)
-    if not m:
-        return None
-    drafter = m.group("drafter") or m.group("dflash_drafter") or "real"
-    return drafter, bool(m.group("tp")), bool(m.group("ep")), bool(m.group("eager"))
+    return _variant(m) if m else None
 
 
 def schedule_name(server: str) -> str | None:

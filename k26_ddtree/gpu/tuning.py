@@ -33,6 +33,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 
 from k26_ddtree import atomic
 from k26_ddtree.core.acceptance import TreeShape
@@ -258,8 +259,8 @@ def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
         for c, got in by_c.items():
             medians = [float(cell["median_tok_s"]) for cell in got]
             accepts = [float(cell["accept_length"]) for cell in got if cell.get("accept_length")]
-            pooled.setdefault(server, {})[c] = {"median_tok_s": sum(medians) / len(medians), "table_medians": medians,
-                                                "accept_length": sum(accepts) / len(accepts) if accepts else None}
+            pooled.setdefault(server, {})[c] = {"median_tok_s": fmean(medians), "table_medians": medians,
+                                                "accept_length": fmean(accepts) if accepts else None}
     return pooled
 
 
