@@ -60,6 +60,7 @@ class Repeat:
     requests: int
     verify_steps: int
     errors: int
+    started: float = 0.0  # epoch seconds: lines a repeat up with the GPU's clock log (run.sh)
 
     @property
     def tok_per_s(self) -> float:
@@ -87,6 +88,7 @@ class CellResult:
             "max_tok_s": round(max(rates), 1) if rates else None,
             "repeat_seconds": [round(r.wall_s, 2) for r in self.repeats],
             "repeat_tok_s": [round(r.tok_per_s, 1) for r in self.repeats],
+            "repeat_started": [round(r.started, 1) for r in self.repeats],
             "requests_per_repeat": self.repeats[-1].requests if self.repeats else 0,
             "accept_length": round(tokens / steps, 3) if speculative and steps else None,
             "errors": errors,
@@ -120,6 +122,7 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     prompt cycles (at least one, and at least `concurrency` requests) has been issued after
     min_seconds: (Repeat, [(prompt index, reply)])."""
     lock = threading.Lock()
+    started = time.time()
     start = time.perf_counter()
     loop = ClosedLoop(len(prompts), concurrency, min_seconds, start, first)
 
@@ -142,7 +145,7 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     ok = [r for _, r in replies if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
     steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
-    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok)), replies
+    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started), replies
 
 
 def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,

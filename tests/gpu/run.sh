@@ -11,7 +11,8 @@
 # Writes under $OUT (default ./gpu-out), at most 8 files as the device tool brings back:
 # e2e-runRUN.json/.md (the JSON also holds the models' train report and offline acceptance table),
 # speed-runRUN.md for a speed run, logs-runRUN.tar.xz, oracle-runRUN.json, jit-cache.tar.xz, run.log
-# (graph_check's output included when it trained), and model.tar.xz when it trained.
+# (graph_check's output included when it trained), gpu-state-runRUN.csv (nvidia-smi once a second),
+# and model.tar.xz when it trained.
 # K26_WIDE=1 serves the cost-realistic target instead (the pair's target widened here, K26_WIDEN_ARGS).
 set -uo pipefail
 RUN=${1:?usage: bash tests/gpu/run.sh RUN}
@@ -90,6 +91,14 @@ if [ -n "$CHECK_PID" ]; then
   if [ "$check_rc" -ne 0 ]; then step "graph_check failed (exit $check_rc): no servers started"; exit 1; fi
 fi
 
+# The card's clocks, power and load once a second beside the run (repeats carry their start times):
+# whether a speed table's drift is the card's own can then be read off.
+SMI_PID=
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used,clocks_event_reasons.active \
+    --format=csv,nounits -lms 1000 > "$OUT/gpu-state-run$RUN.csv" 2>&1 &
+  SMI_PID=$!
+fi
 ORACLE_ARGS=()
 if [ -f "$G/oracle.json" ]; then ORACLE_ARGS=(--oracle-file "$G/oracle.json"); fi
 # The runner gets what is left of K26_RUN_LIMIT (the device command's limit) minus time to stop
@@ -104,6 +113,7 @@ if [ -n "${LATE_CHECK_PID:-}" ]; then
   cat "$K/graph_check.txt"
   if [ "$check_rc" -ne 0 ]; then step "graph_check failed (exit $check_rc)"; rc=1; fi
 fi
+if [ -n "$SMI_PID" ]; then kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; fi
 step "pack JIT caches"
 tar -C "$JIT" -cf - . 2>/dev/null | xz -T0 -6 > "$OUT/jit-cache.tar.xz"
 size=$(stat -c %s "$OUT/jit-cache.tar.xz" 2>/dev/null || echo 0)
