@@ -710,9 +710,16 @@ class MatrixRun:
                 if not server.alive():
                     server.status = f"crashed during {wname} (exit {server.exit_code()})"
 
-    def measure_speed(self) -> None:
-        # nvidia-smi every two seconds would be noise in host-bound steps; the peaks are known by now.
+    def stop_sampling(self) -> None:
+        # Every measurement (the speed table, tune's costs, bench, profiles) runs without the memory
+        # sampler: two nvidia-smi starts every two seconds are noise in host-bound steps, the peaks
+        # are known once the cells have run, and costs must be measured as the table they predict.
+        # Joined, so that no nvidia-smi still running overlaps the first measurement.
         self.sampler.stop_event.set()
+        self.sampler.join(timeout=45)
+
+    def measure_speed(self) -> None:
+        self.stop_sampling()
         skip = set(self.spec["speed"].get("skip", {}).get(str(self.args.run), []))
         ready = [s for s in self.servers if s.status == "ready" and s.spec.name not in skip]
         spec = speed.SpeedSpec.from_matrix(self.spec, self.args.run)
@@ -727,6 +734,7 @@ class MatrixRun:
                 server.status = f"crashed during the speed cells (exit {server.exit_code()})"
 
     def run_extras(self) -> None:
+        self.stop_sampling()
         if self.tunes:
             tuning.costs_and_tune(self.servers, self.tunes, self.args, self.prompts, self.spec["new_tokens"],
                                   self.deadline, say)

@@ -25,6 +25,7 @@ are pooled, each cell the mean of the tables' medians.
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -33,7 +34,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, median
 
 from k26_ddtree import atomic
 from k26_ddtree.core.acceptance import TreeShape
@@ -259,9 +260,31 @@ def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
         for c, got in by_c.items():
             medians = [float(cell["median_tok_s"]) for cell in got]
             accepts = [float(cell["accept_length"]) for cell in got if cell.get("accept_length")]
+            # Tables measured before session 8 kept no per-repeat rates.
+            repeats = [[float(x) for x in cell.get("repeat_tok_s") or []] for cell in got]
             pooled.setdefault(server, {})[c] = {"median_tok_s": fmean(medians), "table_medians": medians,
-                                                "accept_length": fmean(accepts) if accepts else None}
+                                                "accept_length": fmean(accepts) if accepts else None,
+                                                "table_repeats": repeats if all(repeats) else None}
     return pooled
+
+
+BOOTSTRAP_DRAWS = 4000
+
+
+def ratio_interval(top: dict, bottom: dict) -> list[float] | None:
+    """The 95 % percentile-bootstrap interval of the ratio of two pooled cells: each table's
+    repeats drawn again with replacement and pooled as the cell is (the mean of the tables'
+    medians). An interval that holds 1 is a difference the table cannot tell from its own spread.
+    None where a cell kept no per-repeat rates. Seeded: the same tables give the same interval."""
+    if not top.get("table_repeats") or not bottom.get("table_repeats"):
+        return None
+    rng = random.Random(0)
+
+    def draw(cell: dict) -> float:
+        return fmean(median(rng.choices(rates, k=len(rates))) for rates in cell["table_repeats"])
+
+    ratios = sorted(draw(top) / draw(bottom) for _ in range(BOOTSTRAP_DRAWS))
+    return [ratios[int(0.025 * BOOTSTRAP_DRAWS)], ratios[int(0.975 * BOOTSTRAP_DRAWS) - 1]]
 
 
 def _chosen(tuned: dict) -> dict[int, str]:
@@ -298,15 +321,19 @@ def _verdicts(cells: dict, schedule_server: str, chosen: dict[int, str]) -> list
         best = max(singles, key=singles.get) if singles else None
         # Where tune chose the plain chain at every C, DFLASH is the schedule's server (e2e drops the
         # ddtree-s server a chain-only schedule would need).
-        dflash = cell["median_tok_s"] if schedule_server.startswith("dflash") else next(
-            (v for s, v in singles.items() if s.startswith("dflash")), None)
+        dflash_cell = cell if schedule_server.startswith("dflash") else next(
+            (cells[s][c] for s in singles if s.startswith("dflash")), None)
+        dflash = dflash_cell["median_tok_s"] if dflash_cell else None
         twin = next((s for s in sorted(singles) if chosen.get(c) and _served_config(s) == chosen[c]
                      and variant(s) == variant(schedule_server)), None)
         out.append({"concurrency": c, "schedule_tok_s": cell["median_tok_s"], "best_single": best,
                     "best_single_tok_s": singles.get(best), "dflash_tok_s": dflash,
                     "vs_best": cell["median_tok_s"] / singles[best] if best else None,
                     "vs_dflash": cell["median_tok_s"] / dflash if dflash else None,
-                    "same_config": twin, "vs_same_config": cell["median_tok_s"] / singles[twin] if twin else None})
+                    "same_config": twin, "vs_same_config": cell["median_tok_s"] / singles[twin] if twin else None,
+                    "vs_best_interval": ratio_interval(cell, cells[best][c]) if best else None,
+                    "vs_dflash_interval": ratio_interval(cell, dflash_cell) if dflash_cell else None,
+                    "vs_same_config_interval": ratio_interval(cell, cells[twin][c]) if twin else None})
     return out
 
 
@@ -327,17 +354,26 @@ def markdown(result: dict) -> str:
                      f"{num('predicted_tok_s', '.0f')} | {pct('tok_s_error')} | {num('measured_acceptance', '.2f')} | "
                      f"{num('predicted_acceptance', '.2f')} | {pct('acceptance_error')} |")
     lines += ["", "| C | schedule tok/s | best single | its tok/s | ×best | ×DFLASH |", "|---|---|---|---|---|---|"]
-    ratio = (lambda x: f"{x:.2f}" if x is not None else "-")
+
+    def ratio(v: dict, key: str) -> str:
+        if v.get(key) is None:
+            return "-"
+        interval = v.get(key + "_interval")
+        return f"{v[key]:.2f}" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+
     for v in result["verdicts"]:
         # No single config measured at this C (a table of AR and the schedule only): "-".
         single = "-" if v["best_single_tok_s"] is None else f"{v['best_single_tok_s']:.0f}"
         lines.append(f"| {v['concurrency']} | {v['schedule_tok_s']:.0f} | {v['best_single'] or '-'} | "
-                     f"{single} | {ratio(v['vs_best'])} | {ratio(v['vs_dflash'])} |")
+                     f"{single} | {ratio(v, 'vs_best')} | {ratio(v, 'vs_dflash')} |")
     twins = [v for v in result["verdicts"] if v.get("same_config")]
     if twins:
         lines += ["", "Where the schedule serves the same config as a single server (an A/A pair: the ratio is the "
                   "measurement's own spread):", "", "| C | server | schedule / server |", "|---|---|---|"]
-        lines += [f"| {v['concurrency']} | {v['same_config']} | {ratio(v['vs_same_config'])} |" for v in twins]
+        lines += [f"| {v['concurrency']} | {v['same_config']} | {ratio(v, 'vs_same_config')} |" for v in twins]
+    if any(v.get(key) for v in result["verdicts"] for key in ("vs_best_interval", "vs_dflash_interval")):
+        lines += ["", "A ratio's brackets: its 95 % bootstrap interval over the repeats; one that holds 1.00 is a "
+                  "difference the table cannot tell from its own spread."]
     if len(result.get("tables", [])) > 1:
         lines += ["", f"Each measured cell: the mean of {len(result['tables'])} tables' medians (in brackets)."]
     return "\n".join(lines) + "\n"

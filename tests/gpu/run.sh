@@ -11,8 +11,8 @@
 # Writes under $OUT (default ./gpu-out), at most 8 files as the device tool brings back:
 # e2e-runRUN.json/.md (the JSON also holds the models' train report and offline acceptance table),
 # speed-runRUN.md for a speed run, logs-runRUN.tar.xz, oracle-runRUN.json, jit-cache.tar.xz, run.log
-# (graph_check's output included when it trained), gpu-state-runRUN.csv (nvidia-smi once a second),
-# and model.tar.xz when it trained.
+# (graph_check's output included when it trained), gpu-state-runRUN.csv with K26_GPU_STATE=1, and
+# model.tar.xz when it trained.
 # K26_WIDE=1 serves the cost-realistic target instead (the pair's target widened here, K26_WIDEN_ARGS).
 set -uo pipefail
 RUN=${1:?usage: bash tests/gpu/run.sh RUN}
@@ -91,10 +91,11 @@ if [ -n "$CHECK_PID" ]; then
   if [ "$check_rc" -ne 0 ]; then step "graph_check failed (exit $check_rc): no servers started"; exit 1; fi
 fi
 
-# The card's clocks, power and load once a second beside the run (repeats carry their start times):
-# whether a speed table's drift is the card's own can then be read off.
+# K26_GPU_STATE=1: the card's clocks, power and load once a second beside the run (repeats carry
+# their start times), to read off whether a table's drift is the card's own. Off by default: a
+# measurement runs with nothing else querying the driver (session 8 ran it: clocks held 1980 MHz).
 SMI_PID=
-if command -v nvidia-smi >/dev/null; then
+if [ "${K26_GPU_STATE:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used,clocks_event_reasons.active \
     --format=csv,nounits -lms 1000 > "$OUT/gpu-state-run$RUN.csv" 2>&1 &
   SMI_PID=$!

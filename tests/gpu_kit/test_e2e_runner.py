@@ -2,6 +2,7 @@
 readiness, the AR reference and oracle file, the second start wave for -oracle servers, verdicts
 and the report, speed runs, and servers kept for (and reused by) a later run."""
 
+import datetime
 import json
 import os
 import socket
@@ -274,8 +275,14 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
     tuned.write_text(json.dumps({"schema": "k26-ddtree-tune/1", "schedule": "1:8/4,4:0", "spine": True}))
     (models / "target").mkdir()
     (models / "target" / "config.json").write_text(json.dumps({"vocab_size": 2048}))  # bench reads it
-    done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN),
-                           "--schedule", f"tuned=@{tuned}", "--cost-seconds", "0.2", run="sched")
+    # An nvidia-smi that notes when it is started, and with what.
+    smi_bin, smi_log = tmp_path / "bin", tmp_path / "smi.log"
+    smi_bin.mkdir()
+    (smi_bin / "nvidia-smi").write_text('#!/bin/sh\necho "$(date +%s.%N) $*" >> "$SMI_LOG"\n')
+    (smi_bin / "nvidia-smi").chmod(0o755)
+    done, report = run_e2e(tmp_path, models, matrix, {"PATH": f"{smi_bin}:{os.environ['PATH']}", "SMI_LOG": str(smi_log)},
+                           "--patched-site", str(STANDIN), "--schedule", f"tuned=@{tuned}", "--cost-seconds", "0.2",
+                           run="sched")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     by_name = {s["name"]: s for s in report["servers"]}
     cells = by_name["ddtree-stuned-real-spine"]["cells"]
@@ -298,6 +305,16 @@ def test_a_schedule_server_runs_ramp_cells_and_the_tune_phase_packs_its_costs(se
                 assert run["settings"]["matrix"]["output_len"] == 32
                 assert all(len(c["steady"]["repeats"]) == 1 for c in run["cells"])
     assert "tune one costs, round 2/3 ddtree-b8-k4-real: exit 0" in done.stdout
+    # The sampler ran while the servers served their cells, and stopped before the costs: none of
+    # its calls started after the first cost run's second, in a cost phase of several of its periods.
+    calls = [float(line.split()[0]) for line in smi_log.read_text().splitlines()
+             if "--query-compute-apps" in line or "--query-gpu=memory.used" in line]
+    with tarfile.open(tmp_path / "out" / "tune.tar.xz") as archive:
+        runs = [run for group in ("one", "two") for run in json.load(archive.extractfile(f"tune/{group}/costs.json"))["runs"]]
+    stamps = [datetime.datetime.strptime(run[key], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+              for run in runs for key in ("started_at", "finished_at")]
+    assert calls and max(stamps) - min(stamps) > 6, (calls, stamps)
+    assert max(calls) < min(stamps) + 1, (calls, min(stamps))
     assert not (tmp_path / "out" / "tune").exists()
 
 

@@ -95,7 +95,9 @@ def test_a_schedule_of_the_chain_everywhere_is_checked_as_the_dflash_server(tmp_
     assert row["tok_s_error"] == pytest.approx(-0.1)
     assert result["verdicts"] == [{"concurrency": 1, "schedule_tok_s": 100.0, "best_single": "ddtree-b8-k4-real-spine",
                                    "best_single_tok_s": 80.0, "dflash_tok_s": 100.0, "vs_best": 1.25,
-                                   "vs_dflash": 1.0, "same_config": None, "vs_same_config": None}]
+                                   "vs_dflash": 1.0, "same_config": None, "vs_same_config": None,
+                                   "vs_best_interval": None, "vs_dflash_interval": None,
+                                   "vs_same_config_interval": None}]
 
 
 MID = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session7"
@@ -146,3 +148,33 @@ def test_an_a_a_twin_serves_the_same_config_with_the_same_drafter(tmp_path):
     verdicts = {v["concurrency"]: v for v in result["verdicts"]}
     assert verdicts[1]["same_config"] == "dflash-mid" and verdicts[1]["vs_same_config"] == pytest.approx(1.25)
     assert verdicts[4]["same_config"] is None
+
+
+def _repeats(*tables: list[float]) -> dict:
+    return {"table_repeats": [list(t) for t in tables]}
+
+
+def test_a_ratio_interval_holds_one_for_a_table_against_itself_and_not_for_a_clear_gap():
+    same = _repeats([380, 350, 410, 395, 360])
+    low, high = tuning.ratio_interval(same, same)
+    assert low < 1 < high
+    assert tuning.ratio_interval(_repeats([200] * 5, [210] * 5), _repeats([100] * 5, [105] * 5)) == [2.0, 2.0]
+    assert tuning.ratio_interval(same, {"table_repeats": None}) is None
+    assert tuning.ratio_interval(same, _repeats([300, 320, 310, 330, 305])) == tuning.ratio_interval(
+        same, _repeats([300, 320, 310, 330, 305])), "seeded"
+
+
+S8 = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session8"
+
+
+def test_session_8s_pooled_tables_carry_intervals_and_the_committed_check_is_what_the_tool_prints():
+    """Session 8's tables kept every repeat's rate: each ratio gets its bootstrap interval. The
+    schedule's interval against the best single config holds 1 at every C; against DFLASH at C=16
+    it does not (the chain bucket of the schedule server ran faster than the DFLASH server)."""
+    tables = [S8 / run / "e2e-runwide-speed-mid.json" for run in ("wide-speed-mid", "wide-speed-mid-2")]
+    result = tuning.check(S8 / "wide-tune-mid" / "tune" / "mid" / "tune.json", tables, "ddtree-stunedmid-mid-spine")
+    verdicts = {v["concurrency"]: v for v in result["verdicts"]}
+    assert all(v["vs_best_interval"][0] < 1 < v["vs_best_interval"][1] for v in verdicts.values())
+    assert verdicts[16]["vs_dflash_interval"][0] > 1
+    assert verdicts[16]["same_config"] == "dflash-mid"
+    assert (S8 / "tune-check-pooled.md").read_text() == tuning.markdown(result)
