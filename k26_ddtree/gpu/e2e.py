@@ -717,6 +717,8 @@ class MatrixRun:
         # Joined, so that no nvidia-smi still running overlaps the first measurement.
         self.sampler.stop_event.set()
         self.sampler.join(timeout=45)
+        if self.sampler.is_alive():
+            say("the memory sampler's nvidia-smi still runs after 45 s: measuring beside it")
 
     def measure_speed(self) -> None:
         self.stop_sampling()

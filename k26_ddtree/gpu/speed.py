@@ -45,12 +45,13 @@ class SpeedSpec:
 
     @classmethod
     def from_matrix(cls, spec: dict, run: str | None = None) -> SpeedSpec:
-        """The matrix's speed cells, or those "run_cells" names for this run."""
+        """The matrix's speed cells, or those "run_cells" names for this run; "run_repeats" gives a run
+        more repeats than the default (a run of one cell, say)."""
         speed = spec["speed"]
         names = speed.get("run_cells", {}).get(str(run))
         cells = speed["cells"] if names is None else {n: speed["cells"][n] for n in names}
-        return cls(cells, int(speed["repeats"]), float(speed["min_seconds"]), int(spec["new_tokens"]),
-                   float(spec["eps"]))
+        repeats = speed.get("run_repeats", {}).get(str(run), speed["repeats"])
+        return cls(cells, int(repeats), float(speed["min_seconds"]), int(spec["new_tokens"]), float(spec["eps"]))
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Repeat:
     requests: int
     verify_steps: int
     errors: int
-    started: float = 0.0  # epoch seconds: lines a repeat up with the GPU's clock log (run.sh)
+    started_epoch: float  # lines a repeat up with the card's clock log (run.sh K26_GPU_STATE)
 
     @property
     def tok_per_s(self) -> float:
@@ -88,7 +89,7 @@ class CellResult:
             "max_tok_s": round(max(rates), 1) if rates else None,
             "repeat_seconds": [round(r.wall_s, 2) for r in self.repeats],
             "repeat_tok_s": [round(r.tok_per_s, 1) for r in self.repeats],
-            "repeat_started": [round(r.started, 1) for r in self.repeats],
+            "repeat_started": [round(r.started_epoch, 1) for r in self.repeats],
             "requests_per_repeat": self.repeats[-1].requests if self.repeats else 0,
             "accept_length": round(tokens / steps, 3) if speculative and steps else None,
             "errors": errors,

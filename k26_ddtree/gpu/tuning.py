@@ -260,30 +260,41 @@ def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
         for c, got in by_c.items():
             medians = [float(cell["median_tok_s"]) for cell in got]
             accepts = [float(cell["accept_length"]) for cell in got if cell.get("accept_length")]
-            # Tables measured before session 8 kept no per-repeat rates.
+            # Per-repeat rates: none in tables measured before session 8, and a cell with failed
+            # requests lists repeats its median left out.
             repeats = [[float(x) for x in cell.get("repeat_tok_s") or []] for cell in got]
+            usable = all(repeats) and not any(cell.get("errors") for cell in got)
             pooled.setdefault(server, {})[c] = {"median_tok_s": fmean(medians), "table_medians": medians,
                                                 "accept_length": fmean(accepts) if accepts else None,
-                                                "table_repeats": repeats if all(repeats) else None}
+                                                "table_repeats": repeats if usable else None}
     return pooled
 
 
 BOOTSTRAP_DRAWS = 4000
+MIN_BOOTSTRAP_REPEATS = 3
 
 
 def ratio_interval(top: dict, bottom: dict) -> list[float] | None:
-    """The 95 % percentile-bootstrap interval of the ratio of two pooled cells: each table's
-    repeats drawn again with replacement and pooled as the cell is (the mean of the tables'
-    medians). An interval that holds 1 is a difference the table cannot tell from its own spread.
-    None where a cell kept no per-repeat rates. Seeded: the same tables give the same interval."""
-    if not top.get("table_repeats") or not bottom.get("table_repeats"):
+    """The 95 % percentile-bootstrap interval of the ratio of two pooled cells of the same tables.
+    A speed table runs its repeats in rounds, every server once per round, so rounds are drawn
+    again with replacement, the same rounds for both cells (a drift that moves a whole round
+    moves both alike), and each draw is pooled as the cell is: the mean of the tables' medians.
+    An interval that holds 1 is a difference the table cannot tell from its spread inside these
+    server starts. None where a cell kept no usable per-repeat rates, or a table's two cells ran
+    different numbers of rounds or fewer than 3. Seeded: the same tables give the same interval."""
+    tops, bottoms = top.get("table_repeats"), bottom.get("table_repeats")
+    if not tops or not bottoms or len(tops) != len(bottoms):
         return None
+    for a, b in zip(tops, bottoms):
+        if len(a) != len(b) or len(a) < MIN_BOOTSTRAP_REPEATS or min(a + b) <= 0:
+            return None
     rng = random.Random(0)
-
-    def draw(cell: dict) -> float:
-        return fmean(median(rng.choices(rates, k=len(rates))) for rates in cell["table_repeats"])
-
-    ratios = sorted(draw(top) / draw(bottom) for _ in range(BOOTSTRAP_DRAWS))
+    ratios = []
+    for _ in range(BOOTSTRAP_DRAWS):
+        rounds = [rng.choices(range(len(a)), k=len(a)) for a in tops]
+        ratios.append(fmean(median(a[i] for i in r) for a, r in zip(tops, rounds))
+                      / fmean(median(b[i] for i in r) for b, r in zip(bottoms, rounds)))
+    ratios.sort()
     return [ratios[int(0.025 * BOOTSTRAP_DRAWS)], ratios[int(0.975 * BOOTSTRAP_DRAWS) - 1]]
 
 
@@ -332,7 +343,9 @@ def _verdicts(cells: dict, schedule_server: str, chosen: dict[int, str]) -> list
                     "vs_dflash": cell["median_tok_s"] / dflash if dflash else None,
                     "same_config": twin, "vs_same_config": cell["median_tok_s"] / singles[twin] if twin else None,
                     "vs_best_interval": ratio_interval(cell, cells[best][c]) if best else None,
-                    "vs_dflash_interval": ratio_interval(cell, dflash_cell) if dflash_cell else None,
+                    # A chain-only schedule is the DFLASH server: its ratio is 1 exactly.
+                    "vs_dflash_interval": (ratio_interval(cell, dflash_cell)
+                                           if dflash_cell is not None and dflash_cell is not cell else None),
                     "vs_same_config_interval": ratio_interval(cell, cells[twin][c]) if twin else None})
     return out
 
@@ -371,9 +384,10 @@ def markdown(result: dict) -> str:
         lines += ["", "Where the schedule serves the same config as a single server (an A/A pair: the ratio is the "
                   "measurement's own spread):", "", "| C | server | schedule / server |", "|---|---|---|"]
         lines += [f"| {v['concurrency']} | {v['same_config']} | {ratio(v, 'vs_same_config')} |" for v in twins]
-    if any(v.get(key) for v in result["verdicts"] for key in ("vs_best_interval", "vs_dflash_interval")):
-        lines += ["", "A ratio's brackets: its 95 % bootstrap interval over the repeats; one that holds 1.00 is a "
-                  "difference the table cannot tell from its own spread."]
+    if any(v.get(key) for v in result["verdicts"]
+           for key in ("vs_best_interval", "vs_dflash_interval", "vs_same_config_interval")):
+        lines += ["", "A ratio's brackets: its 95 % bootstrap interval over the table's rounds; one that holds 1.00 "
+                  "is a difference the table cannot tell from its own spread."]
     if len(result.get("tables", [])) > 1:
         lines += ["", f"Each measured cell: the mean of {len(result['tables'])} tables' medians (in brackets)."]
     return "\n".join(lines) + "\n"

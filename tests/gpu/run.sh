@@ -8,7 +8,8 @@
 # A warm machine (a device call within ~30 s of the last) still has /tmp/k26 and the servers an
 # earlier run kept (K26_E2E_ARGS="--keep-for RUN"): the installed site, the models and the JIT
 # caches are then reused as they are, and so are those servers.
-# Writes under $OUT (default ./gpu-out), at most 8 files as the device tool brings back:
+# Writes under $OUT (default ./gpu-out), at most 8 files as the device tool brings back (a run that
+# trains, with K26_GPU_STATE=1, can write 9: the device tool then leaves one behind):
 # e2e-runRUN.json/.md (the JSON also holds the models' train report and offline acceptance table),
 # speed-runRUN.md for a speed run, logs-runRUN.tar.xz, oracle-runRUN.json, jit-cache.tar.xz, run.log
 # (graph_check's output included when it trained), gpu-state-runRUN.csv with K26_GPU_STATE=1, and
@@ -94,11 +95,19 @@ fi
 # K26_GPU_STATE=1: the card's clocks, power and load once a second beside the run (repeats carry
 # their start times), to read off whether a table's drift is the card's own. Off by default: a
 # measurement runs with nothing else querying the driver (session 8 ran it: clocks held 1980 MHz).
+# It takes one of the 8 files that come back. nvidia-smi's timestamps are the machine's local time
+# (UTC on the lent machines), repeat_started epoch seconds.
 SMI_PID=
-if [ "${K26_GPU_STATE:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used,clocks_event_reasons.active \
-    --format=csv,nounits -lms 1000 > "$OUT/gpu-state-run$RUN.csv" 2>&1 &
-  SMI_PID=$!
+if [ "${K26_GPU_STATE:-0}" = 1 ]; then
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used,clocks_event_reasons.active \
+      --format=csv,nounits -lms 1000 > "$OUT/gpu-state-run$RUN.csv" &
+    SMI_PID=$!
+    trap 'kill "$SMI_PID" 2>/dev/null' EXIT
+    step "K26_GPU_STATE=1: nvidia-smi logs the card's state once a second to gpu-state-run$RUN.csv"
+  else
+    step "K26_GPU_STATE=1, but there is no nvidia-smi: no gpu-state file"
+  fi
 fi
 ORACLE_ARGS=()
 if [ -f "$G/oracle.json" ]; then ORACLE_ARGS=(--oracle-file "$G/oracle.json"); fi

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.gpu import lossless, matrix
+from k26_ddtree.gpu import lossless, matrix, speed
 
 MATRIX = Path(__file__).resolve().parents[1] / "gpu" / "matrix.json"
 
@@ -102,10 +102,11 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     spec = matrix.load(MATRIX)
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
-                                       "tiny-speed-real", "client-check", "wide-speed-mid"}
+                                       "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa"}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
-                        ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid")):
+                        ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid"),
+                        ("chain-aa", "wide-tune-mid")):
         tuned = {"ddtree-stuned-weak-spine", "ddtree-stunedweak-weak-spine", "ddtree-stunedreal-real-spine",
                  "ddtree-stunedmid-mid-spine"}
         assert set(runs[run]) - tuned <= set(runs[source])
@@ -121,6 +122,9 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     cells = spec["speed"]["cells"]
     assert {c["concurrency"] for c in cells.values()} == {1, 4, 16, 64}
     assert spec["speed"]["repeats"] >= 5 and spec["speed"]["min_seconds"] >= 3.0
+    assert speed.SpeedSpec.from_matrix(spec, "chain-aa").repeats == 9
+    assert speed.SpeedSpec.from_matrix(spec, "wide-speed-mid").repeats == spec["speed"]["repeats"]
+    assert list(speed.SpeedSpec.from_matrix(spec, "chain-aa").cells) == ["greedy-c16"]
     assert max(spec["run_settings"]["prove"]["cuda_graph_bs"]) >= 64
 
 
