@@ -55,6 +55,9 @@ class Costs:
     block_sizes: frozenset[int]
     runs: tuple[RunUsed, ...]
     notes: tuple[str, ...]
+    # Per C, the widest (max - min) / min among the step times measured more than once at that C
+    # (one budget's runs, or DFLASH's): how far apart two configs must be before the costs rank them.
+    spread: dict[int, float]
 
     def concurrencies(self) -> list[int]:
         return sorted(self.tree)
@@ -173,10 +176,14 @@ def load_costs(path: Path, contexts: tuple[int, ...] | None = None) -> Costs:
     if not chosen:
         raise UserError(f"{path}: the runs share no context; pick the ones to cost with --context")
     samples = _samples(used, chosen, path, notes)
-    spread = [(max(v) - min(v)) / min(v) for (kind, _, _), v in samples.items() if kind == TREE and len(v) > 1]
-    if spread:
+    spreads = {key: (max(v) - min(v)) / min(v) for key, v in samples.items() if key[0] != AR and len(v) > 1}
+    tree_spreads = [value for (kind, _, _), value in spreads.items() if kind == TREE]
+    if tree_spreads:
         notes.append(f"runs of one budget at one C (other topk, repeats) differ in step time by up to "
-                     f"{100 * max(spread):.1f}%; their median is used")
+                     f"{100 * max(tree_spreads):.1f}%; their median is used")
+    per_c: dict[int, float] = {}
+    for (_, c, _), value in spreads.items():
+        per_c[c] = max(per_c.get(c, 0.0), value)
     tree: dict[int, dict[int, float]] = {}
     for (kind, c, budget), v in samples.items():
         if kind == TREE:
@@ -196,4 +203,5 @@ def load_costs(path: Path, contexts: tuple[int, ...] | None = None) -> Costs:
         runs=tuple(RunUsed(run["run_id"], run["label"], kind, run.get("budget"), run.get("topk"))
                    for _, run, kind in used),
         notes=tuple(notes),
+        spread=per_c,
     )

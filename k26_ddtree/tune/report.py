@@ -86,10 +86,38 @@ def summary(o: Outcome) -> str:
         best, second = o.chosen.best(c), o.chosen.runner_up(c)
         runner = f", runner-up {second.config.name} {second.tok_s:.1f} tok/s" if second else ""
         lines.append(f"  C={c}: {best.config.name} {best.tok_s:.1f} tok/s{runner}")
+        close = _within_spread(o, c)
+        if close:
+            rival, margin, spread = close
+            lines.append(f"        {100 * margin:.1f}% over {rival.config.name}, inside the {100 * spread:.0f}% that "
+                         "repeated cost runs at this C differ by: bench both before you keep one")
         lines.append(f"        {best.config.reconfigure()}")
     lines.append(_spine_line(o))
     lines.append(f"Schedule: {o.chosen.schedule()} (every bucket its best config: `{SERVE_SCHEDULE}`)")
     return "\n".join(lines) + "\n"
+
+
+def _within_spread(o: Outcome, c: int) -> tuple[Prediction, float, float] | None:
+    """(the nearest rival costed from another measurement, its margin, the costs' spread at C)
+    where the margin is the smaller: the costs measured there cannot rank the two. A rival of the
+    best's own budget shares its step time, so no spread of the costs moves them apart."""
+    ranked, spread = o.chosen.ranked[c], o.costs.spread.get(c)
+    best = ranked[0]
+    rival = next((q for q in ranked[1:] if _cost_point(q) != _cost_point(best)), None)
+    if rival is None or spread is None or rival.tok_s <= 0:
+        return None
+    margin = best.tok_s / rival.tok_s - 1
+    return (rival, margin, spread) if margin < spread else None
+
+
+def _rival_name(o: Outcome, c: int) -> str | None:
+    close = _within_spread(o, c)
+    return close[0].config.name if close else None
+
+
+def _cost_point(q: Prediction) -> int | None:
+    """The budget whose step times cost a prediction; None for the chain, costed from DFLASH's."""
+    return None if q.config.dflash else q.config.shape.budget
 
 
 def notes(o: Outcome) -> list[str]:
@@ -142,6 +170,8 @@ def document(o: Outcome) -> dict:
                     for start, config, won in o.chosen.buckets()],
         "per_concurrency": [{"concurrency": c, "best": _prediction(o.chosen.best(c)),
                              "runner_up": _prediction(o.chosen.runner_up(c)),
+                             "cost_spread": o.costs.spread.get(c),
+                             "within_cost_spread_of": _rival_name(o, c),
                              "reconfigure": o.chosen.best(c).config.reconfigure()} for c in levels],
         "spine_choice": {"option": o.spine_option, "chosen": "on" if o.chosen.spine else "off",
                          "plans": {("on" if p.spine else "off"): _plan_doc(p, share)

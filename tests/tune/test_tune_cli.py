@@ -152,3 +152,33 @@ def test_help_lists_tune_and_building_the_cli_imports_neither_torch_nor_matplotl
     probe = ("import sys; from k26_ddtree.cli.main import build_parser; build_parser(); "
              "print(sorted({'torch', 'matplotlib'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
+
+
+def test_a_choice_closer_than_the_costs_own_spread_is_flagged(tmp_path):
+    """Two DFLASH runs 30 % apart: at each C where the best config leads its nearest rival costed
+    from another measurement by less than that, tune names the rival and says to bench both. A
+    rival of the best's own budget shares its step time and is passed over."""
+    runs = sweep_runs(budgets=(1, 8, 16, 32, 64)) + [
+        bench_run(lambda ctx, c: 0.020 + 0.0001 * c, algorithm="DFLASH"),
+        bench_run(lambda ctx, c: 1.3 * (0.020 + 0.0001 * c), algorithm="DFLASH"),
+    ]
+    out = tmp_path / "s.json"
+    done = tune("--trace", walked_trace(tmp_path / "t.trace"), "--costs", write_results(tmp_path / "c.json", runs),
+                "--out", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["per_concurrency"]
+    assert all(row["cost_spread"] == pytest.approx(0.3) for row in rows)
+    flagged = [row for row in rows if row["within_cost_spread_of"]]
+    assert flagged, rows
+    for row in flagged:
+        best, rival = row["best"], row["within_cost_spread_of"]
+        assert rival != best["config"] and not rival.startswith(f"b{best['budget']}k")
+        assert f"over {rival}, inside the 30% that repeated cost runs at this C differ by: bench both" in done.stdout
+
+
+def test_costs_measured_once_per_point_flag_nothing(tmp_path):
+    done = tune("--trace", walked_trace(tmp_path / "t.trace"), "--costs", full_sweep(tmp_path / "sweep.json"),
+                "--out", tmp_path / "s.json", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "bench both before you keep one" not in done.stdout
+    assert all(row["within_cost_spread_of"] is None for row in json.loads((tmp_path / "s.json").read_text())["per_concurrency"])
