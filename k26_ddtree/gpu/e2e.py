@@ -525,10 +525,11 @@ class MatrixRun:
         try:
             self.start_servers()
             self.take_reference()
+            if not self.is_speed:
+                self.serve_cells()
+            self.stop_sampling()
             if self.is_speed:
                 self.measure_speed()
-            else:
-                self.serve_cells()
             self.run_extras()
         finally:
             report = self.finish()
@@ -718,10 +719,9 @@ class MatrixRun:
         self.sampler.stop_event.set()
         self.sampler.join(timeout=45)
         if self.sampler.is_alive():
-            say("the memory sampler's nvidia-smi still runs after 45 s: measuring beside it")
+            say("the memory sampler's nvidia-smi still runs after 45 s")
 
     def measure_speed(self) -> None:
-        self.stop_sampling()
         skip = set(self.spec["speed"].get("skip", {}).get(str(self.args.run), []))
         ready = [s for s in self.servers if s.status == "ready" and s.spec.name not in skip]
         spec = speed.SpeedSpec.from_matrix(self.spec, self.args.run)
@@ -736,7 +736,6 @@ class MatrixRun:
                 server.status = f"crashed during the speed cells (exit {server.exit_code()})"
 
     def run_extras(self) -> None:
-        self.stop_sampling()
         if self.tunes:
             tuning.costs_and_tune(self.servers, self.tunes, self.args, self.prompts, self.spec["new_tokens"],
                                   self.deadline, say)
@@ -761,13 +760,12 @@ class MatrixRun:
                 accept[s.spec.name] = (info.get("internal_states") or [{}])[0].get("avg_spec_accept_length")
 
         in_parallel(lambda s=s: server_info(s) for s in self.servers if s.status == "ready")
-        self.sampler.stop_event.set()
+        self.stop_sampling()
         in_parallel(lambda s=s: stop(s) for s in self.servers if not (s.spec.name in keep and s.status == "ready"))
         for s in self.servers:
             if s.status == "ready":
                 s.status = "kept running" if s.spec.name in keep and s.alive() else "stopped"
         self.record_state(keep)
-        self.sampler.join(timeout=30)
         report = self.report(accept)
         write_outputs(self.args.out, report, self.logs)
         if self.is_speed:

@@ -40,6 +40,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.gpu import corpus, tinymodel, tokenizer
 from k26_ddtree.core.acceptance import DraftTopK, TreeShape
 from k26_ddtree.gpu.acceptance import CHAIN, acceptance_table, rank_histogram
+from k26_ddtree.gpu.matrix import DRAFTER_DIRS
 
 GAP_GOAL = 3.0
 # Linear DFlash acceptance the imperfect drafter stops at, inside the band where K2.5/K2.6
@@ -278,10 +279,6 @@ def goal_drafter(name: str, seed: int, target, data, device, deadline, greedy, p
     return drafter, info
 
 
-def drafter_dir(name: str) -> str:
-    return "drafter" if name == "real" else f"drafter-{name}"
-
-
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name() if device.type == "cuda" else str(device)
 
@@ -345,8 +342,8 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     DIR/drafter-NAME, its acceptance table and its train report entry. An existing drafter of
     that name stays unless `replace`: earlier results were measured with it."""
     t0 = time.time()
-    if (out / drafter_dir(name)).exists() and not replace:
-        raise UserError(f"{out / drafter_dir(name)} exists; earlier results were measured with it "
+    if (out / DRAFTER_DIRS[name]).exists() and not replace:
+        raise UserError(f"{out / DRAFTER_DIRS[name]} exists; earlier results were measured with it "
                         "(--replace trains a new one in its place)")
     target, tok, seed, prompts, reports = load_pair(out, device)
     data = encode_corpus(tok, corpus.corpus_lines(seed, knobs.corpus_words))
@@ -359,7 +356,7 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     reports["acceptance.json"][name] = drafter_report(target, drafter, served, prompt_lens)
     reports["acceptance.json"].setdefault("note", ACCEPTANCE_NOTE.format(tokens=knobs.report_new_tokens))
     reports["train_report.json"][f"drafter_{name}"] = info
-    save_drafter(drafter, GOAL_DRAFTERS[name].config, tok, out / drafter_dir(name))
+    save_drafter(drafter, GOAL_DRAFTERS[name].config, tok, out / DRAFTER_DIRS[name])
     for file, doc in reports.items():
         atomic.write_text(out / file, json.dumps(doc, indent=1) + "\n")
     return info
@@ -412,7 +409,7 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, kn
     tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
     tokenizer.save_tokenizer(tok, out / "target", tinymodel.MAX_POSITIONS)
     for name, (d, config) in drafters.items():
-        save_drafter(d, config, tok, out / drafter_dir(name))
+        save_drafter(d, config, tok, out / DRAFTER_DIRS[name])
     (out / "prompts.json").write_text(json.dumps(
         {"seed": seed, "prompts": [{"text": t, "input_ids": ids} for t, ids in zip(prompt_texts, prompts)]},
         indent=1) + "\n")

@@ -334,20 +334,28 @@ def _verdicts(cells: dict, schedule_server: str, chosen: dict[int, str]) -> list
         # ddtree-s server a chain-only schedule would need).
         dflash_cell = cell if schedule_server.startswith("dflash") else next(
             (cells[s][c] for s in singles if s.startswith("dflash")), None)
-        dflash = dflash_cell["median_tok_s"] if dflash_cell else None
         twin = next((s for s in sorted(singles) if chosen.get(c) and _served_config(s) == chosen[c]
                      and variant(s) == variant(schedule_server)), None)
+        vs_best, vs_best_interval = _against(cell, cells[best][c] if best else None)
+        vs_dflash, vs_dflash_interval = _against(cell, dflash_cell)
+        vs_twin, vs_twin_interval = _against(cell, cells[twin][c] if twin else None)
         out.append({"concurrency": c, "schedule_tok_s": cell["median_tok_s"], "best_single": best,
-                    "best_single_tok_s": singles.get(best), "dflash_tok_s": dflash,
-                    "vs_best": cell["median_tok_s"] / singles[best] if best else None,
-                    "vs_dflash": cell["median_tok_s"] / dflash if dflash else None,
-                    "same_config": twin, "vs_same_config": cell["median_tok_s"] / singles[twin] if twin else None,
-                    "vs_best_interval": ratio_interval(cell, cells[best][c]) if best else None,
-                    # A chain-only schedule is the DFLASH server: its ratio is 1 exactly.
-                    "vs_dflash_interval": (ratio_interval(cell, dflash_cell)
-                                           if dflash_cell is not None and dflash_cell is not cell else None),
-                    "vs_same_config_interval": ratio_interval(cell, cells[twin][c]) if twin else None})
+                    "best_single_tok_s": singles.get(best),
+                    "dflash_tok_s": dflash_cell["median_tok_s"] if dflash_cell else None,
+                    "vs_best": vs_best, "vs_dflash": vs_dflash, "same_config": twin, "vs_same_config": vs_twin,
+                    "vs_best_interval": vs_best_interval, "vs_dflash_interval": vs_dflash_interval,
+                    "vs_same_config_interval": vs_twin_interval})
     return out
+
+
+def _against(cell: dict, other: dict | None) -> tuple[float | None, list[float] | None]:
+    """(the schedule's median over another pooled cell's, its interval); a chain-only schedule
+    is the DFLASH server itself: exactly 1, with no interval."""
+    if other is None:
+        return None, None
+    if other is cell:
+        return 1.0, None
+    return cell["median_tok_s"] / other["median_tok_s"], ratio_interval(cell, other)
 
 
 def markdown(result: dict) -> str:
