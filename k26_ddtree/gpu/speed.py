@@ -54,6 +54,38 @@ class SpeedSpec:
         return cls(cells, int(repeats), float(speed["min_seconds"]), int(spec["new_tokens"]), float(spec["eps"]))
 
 
+@dataclass(frozen=True)
+class HostCpu:
+    """The machine's CPU time over one repeat, as shares of all its CPUs' time: busy (user,
+    system, interrupts) and steal (time the hypervisor ran something else on our CPUs). A slow
+    repeat with high steal was slowed by the host, not by the server."""
+
+    busy: float
+    steal: float
+
+
+def cpu_times() -> tuple[int, ...] | None:
+    """/proc/stat's aggregate line (user nice system idle iowait irq softirq steal), or None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    return tuple(int(f) for f in fields[1:9])
+
+
+def host_cpu(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> HostCpu | None:
+    if before is None or after is None:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (b - a for a, b in zip(before, after))
+    total = user + nice + system + idle + iowait + irq + softirq + steal
+    if total <= 0:
+        return None
+    return HostCpu(round((user + nice + system + irq + softirq) / total, 3), round(steal / total, 3))
+
+
 @dataclass
 class Repeat:
     tokens: int
@@ -62,6 +94,8 @@ class Repeat:
     verify_steps: int
     errors: int
     started_epoch: float  # lines a repeat up with the card's clock log (run.sh K26_GPU_STATE)
+    host_cpu: HostCpu | None = None
+
 
     @property
     def tok_per_s(self) -> float:
@@ -90,6 +124,8 @@ class CellResult:
             "repeat_seconds": [round(r.wall_s, 2) for r in self.repeats],
             "repeat_tok_s": [round(r.tok_per_s, 1) for r in self.repeats],
             "repeat_started": [round(r.started_epoch, 1) for r in self.repeats],
+            "repeat_cpu_busy": [r.host_cpu.busy if r.host_cpu else None for r in self.repeats],
+            "repeat_cpu_steal": [r.host_cpu.steal if r.host_cpu else None for r in self.repeats],
             "requests_per_repeat": self.repeats[-1].requests if self.repeats else 0,
             "accept_length": round(tokens / steps, 3) if speculative and steps else None,
             "errors": errors,
@@ -124,6 +160,7 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     min_seconds: (Repeat, [(prompt index, reply)])."""
     lock = threading.Lock()
     started = time.time()
+    cpu_before = cpu_times()
     start = time.perf_counter()
     loop = ClosedLoop(len(prompts), concurrency, min_seconds, start, first)
 
@@ -143,10 +180,11 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         replies = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
     wall = time.perf_counter() - start
+    cpu = host_cpu(cpu_before, cpu_times())
     ok = [r for _, r in replies if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
     steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
-    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started), replies
+    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu), replies
 
 
 def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,

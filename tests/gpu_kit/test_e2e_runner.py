@@ -162,6 +162,8 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
         assert c["min_tok_s"] <= c["median_tok_s"] <= c["max_tok_s"]
         assert len(c["repeat_tok_s"]) == 3 and sorted(c["repeat_tok_s"])[1] == c["median_tok_s"]
         assert c["repeat_started"] == sorted(c["repeat_started"]) and c["repeat_started"][0] > 1e9
+        busy, steal = c["repeat_cpu_busy"], c["repeat_cpu_steal"]
+        assert len(busy) == len(steal) == 3 and all(0 < b <= 1 and 0 <= t <= 1 for b, t in zip(busy, steal)), c
         assert c["requests_per_repeat"] % 8 == 0, "whole cycles of the 8 prompts, for every server"
         if cell.startswith("greedy"):
             expected = "exact" if server == "ar" else "lossless (ties only)"

@@ -178,3 +178,14 @@ def test_schedule_servers_name_a_schedule_and_ramps_ask_for_fewer_tokens():
     ref = {0: {"output_ids": [5, 6, 7, 8], "top2": []}}
     assert lossless.divergences([(0, [5, 6], 2), (0, [5, 6, 7, 8])], ref, 0.05) == []
     assert lossless.divergences([(0, [5, 9], 2)], ref, 0.05)[0].position == 1
+
+
+def test_a_repeats_host_cpu_shares_come_from_the_difference_of_two_proc_stat_reads():
+    # user nice system idle iowait irq softirq steal, in ticks
+    before = (100, 0, 50, 1000, 0, 0, 0, 10)
+    after = (400, 0, 150, 1400, 0, 10, 10, 30)
+    share = speed.host_cpu(before, after)
+    assert share == speed.HostCpu(busy=0.5, steal=round(20 / 840, 3))
+    assert speed.host_cpu(None, after) is None and speed.host_cpu(before, before) is None
+    now = speed.cpu_times()
+    assert now is None or (len(now) == 8 and all(t >= 0 for t in now))
