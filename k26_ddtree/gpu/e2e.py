@@ -61,6 +61,9 @@ _CAPTURE = re.compile(r"Capture (.+?) end\. Time elapsed: ([\d.]+) s")
 _FATAL = re.compile(r"Traceback|CUDA error|CUBLAS_STATUS|illegal memory access|device-side assert|Segmentation fault")
 # The bundle leaves out openai_harmony (OpenAI Responses API only): sglang logs that traceback and serves on.
 _BENIGN = re.compile(r"Can not initialize OpenAIServingResponses")
+# SGLang's KV pool check (pool_configurator.MemoryPoolConfig), failed when neighbours that started
+# beside a server allocated while it profiled free memory around its weight load.
+_NO_MEMORY = "Not enough memory. Please try to increase --mem-fraction-static."
 
 
 def say(msg: str) -> None:
@@ -654,6 +657,22 @@ class MatrixRun:
         say(f"launched {', '.join(s.spec.name for s in wave)}")
         timeout = self.ready_timeout()
         in_parallel(lambda s=s: wait_ready(s, timeout) for s in wave)
+        if len(wave) > 1:
+            for server in [s for s in wave if s.status.startswith("failed") and _NO_MEMORY in log_tail(s.log, 60)]:
+                self.start_alone(server)
+
+    def start_alone(self, server: Server) -> None:
+        """Once more, now that its wave has settled (session 9 lost b16/k4 to three neighbours
+        loading beside it: bench/results/gpu-session9); the first start's log is kept beside."""
+        if self.time_left() < MIN_WORKLOAD_S + 60:
+            say(f"{server.spec.name}: too little time left to start it again alone")
+            return
+        server.log.replace(server.log.with_name(server.log.stem + ".crowded.log"))
+        say(f"{server.spec.name} found too little free GPU memory while others of its wave loaded: "
+            "starting it again, alone")
+        self.stagger.launch(server, self.args.python, self.args.models, self.settings, self.envs[server.spec.name])
+        self.record_state()
+        wait_ready(server, self.ready_timeout())
 
     # reference ----------------------------------------------------------------------------------
     def take_reference(self) -> None:

@@ -117,6 +117,21 @@ def test_the_report_is_written_by_the_deadline_when_servers_never_become_ready(s
     assert all(v.startswith("failed to start (timeout") for v in status.values())
 
 
+def test_a_server_crowded_out_of_memory_by_its_wave_is_started_again_alone(setup):
+    tmp_path, models, matrix = setup
+    marker = tmp_path / "first-start-fails"
+    done, report = run_e2e(tmp_path, models, matrix, {"STANDIN_FAIL": f"memory-once:{marker}"},
+                           "--patched-site", str(STANDIN))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert report["overall"] == "PASS"
+    crowded = list((tmp_path / "work" / "logs").glob("*.crowded.log"))
+    assert len(crowded) == 1 and "Not enough memory" in crowded[0].read_text()
+    name = crowded[0].name.removesuffix(".crowded.log")
+    assert f"{name} found too little free GPU memory while others of its wave loaded" in done.stdout
+    retried = {s["name"]: s for s in report["servers"]}[name]
+    assert retried["cells"] and all(c["verdict"] in ("reference", "exact") for c in retried["cells"]), retried
+
+
 def test_log_parsing(tmp_path):
     from k26_ddtree.gpu import e2e
 

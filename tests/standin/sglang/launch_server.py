@@ -351,6 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     if fail == "start":
         print("stand-in sglang: failing at start as asked (STANDIN_FAIL=start)", flush=True)
         return 1
+    if fail.startswith("memory-once:"):
+        # The first server to claim the marker fails as SGLang's pool check does when neighbours
+        # allocated during its memory profile; every later start (a retry too) serves.
+        try:
+            os.close(os.open(fail.split(":", 1)[1], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            print("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", flush=True)
+            return 1
     print("Capture cuda graph end. Time elapsed: 1.50 s. mem usage=0.1 GB.", flush=True)
     state = State(args, extra, argv)
     state.never_healthy = fail == "health"
