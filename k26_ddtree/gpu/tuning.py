@@ -19,7 +19,9 @@ check (here, on the results): tune's predicted acceptance and tok/s of every con
 table against what the table measured, and the schedule against the best single config and
 DFLASH at every concurrency, and against the single server that serves the config the schedule
 chose there (an A/A pair, the measurement's own spread). Several tables of the same servers
-are pooled, each cell the mean of the tables' medians.
+are pooled, each cell the mean of the tables' medians. Then tune's model once more, on step times
+taken from the table itself (same_table): the costs of one call and the table of a later one
+differ by the machine's drift between the calls, which is no error of the model.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.gpu.matrix import parse_server, variant
 from k26_ddtree.jsonread import Unreadable, read_json
 from k26_ddtree.sglang.trace import FLUSH_SECONDS
+from k26_ddtree.tune.costs import interpolate
 
 TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
@@ -238,7 +241,73 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str) -> dic
                 row["tok_s_error"] = pred[1] / row["measured_tok_s"] - 1
             rows.append(row)
     return {"tables": [str(p) for p in speed_paths], "rows": rows,
-            "verdicts": _verdicts(cells, schedule_server, _chosen(tuned))}
+            "verdicts": _verdicts(cells, schedule_server, _chosen(tuned)),
+            "same_table": same_table(tuned, predicted, cells, schedule_server)}
+
+
+def _table_steps(cells: dict, c: int, leave_out: str) -> tuple[dict[int, float], float | None]:
+    """Step seconds at C of the table's single-config servers of `leave_out`'s drafter and
+    setup, as tune reads a cost cell (C * acceptance / tok/s): ({budget: the median over its
+    topks}, DFLASH's); `leave_out`'s own cell not used."""
+    tree: dict[int, list[float]] = {}
+    chain = None
+    for server, by_c in cells.items():
+        cell = by_c.get(c)
+        if (server == leave_out or variant(server) != variant(leave_out) or _served_config(server) is None
+                or not cell or not cell.get("accept_length")):
+            continue
+        step = c * cell["accept_length"] / cell["median_tok_s"]
+        spec = parse_server(server)
+        if spec.algo == "DFLASH":
+            chain = step
+        else:
+            tree.setdefault(spec.budget, []).append(step)
+    return {b: median(v) for b, v in tree.items()}, chain
+
+
+def _predict_from(tree: dict[int, float], chain: float | None, c: int, budget: int | None,
+                  acceptance: float) -> float | None:
+    """C * acceptance / step, the step the chain's (budget None) or interpolated between the
+    table's budgets; None outside them, as tune never extrapolates."""
+    if budget is None:
+        return None if chain is None else c * acceptance / chain
+    if not tree or not min(tree) <= budget <= max(tree):
+        return None
+    return c * acceptance / interpolate(tree, budget)
+
+
+def same_table(tuned: dict, predicted: dict, cells: dict, schedule_server: str) -> list[dict]:
+    """tune's prediction with its costs taken from the speed table's own single-config cells, for
+    what those cells do not already hold: the schedule server at each C (its configs costed from
+    the others' steps, its acceptance tune's), and each tree server whose budget lies between
+    two others' (its own cell left out). Costs and measurement then share one machine state."""
+    rows = []
+    best = {int(p["concurrency"]): p.get("best") for p in tuned["per_concurrency"]}
+    for server, by_c in sorted(cells.items()):
+        config = _served_config(server)
+        spec = parse_server(server) if config not in (None, "DFLASH") else None
+        for c, cell in sorted(by_c.items()):
+            chosen = best.get(c)
+            if server == schedule_server and isinstance(chosen, dict) and (chosen.get("dflash_chain")
+                                                                           or "budget" in chosen):
+                tree, chain = _table_steps(cells, c, leave_out=server)
+                budget = None if chosen.get("dflash_chain") else int(chosen["budget"])
+                got = _predict_from(tree, chain, c, budget, float(chosen["acceptance"]))
+                label = "DFLASH" if budget is None else chosen["config"]
+            elif spec is not None and config in predicted:
+                tree, chain = _table_steps(cells, c, leave_out=server)
+                if not any(b < spec.budget for b in tree) or not any(b > spec.budget for b in tree):
+                    continue
+                got = _predict_from(tree, chain, c, spec.budget, float(predicted[config]["acceptance"]))
+                label = config
+            else:
+                continue
+            if got is not None:
+                rows.append({"server": server, "concurrency": c, "config": label,
+                             "measured_tok_s": cell["median_tok_s"], "predicted_tok_s": got,
+                             "tok_s_error": got / cell["median_tok_s"] - 1,
+                             "costed_from": ["DFLASH"] if label == "DFLASH" else [f"b{b}" for b in sorted(tree)]})
+    return rows
 
 
 def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
@@ -398,6 +467,14 @@ def markdown(result: dict) -> str:
                   "is a difference the table cannot tell from its own spread."]
     if len(result.get("tables", [])) > 1:
         lines += ["", f"Each measured cell: the mean of {len(result['tables'])} tables' medians (in brackets)."]
+    if result.get("same_table"):
+        lines += ["", "tune's model on step times from this table (each single-config cell's C x acceptance / tok/s, "
+                  "budgets between them interpolated; a server's own cell left out):", "",
+                  "| server | C | config | costed from | measured tok/s | predicted tok/s | error |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['server']} | {r['concurrency']} | {r['config']} | "
+                  f"{', '.join(r['costed_from'])} | {r['measured_tok_s']:.0f} | "
+                  f"{r['predicted_tok_s']:.0f} | {100 * r['tok_s_error']:+.1f}% |" for r in result["same_table"]]
     return "\n".join(lines) + "\n"
 
 

@@ -82,15 +82,19 @@ class Costs:
 
     def step_s(self, concurrency: int, budget: int) -> float:
         """The step time at a budget inside the measured range (require() first)."""
-        points = self.tree[concurrency]
-        measured = sorted(points)
-        at = bisect.bisect_left(measured, budget)
-        if measured[at] == budget:
-            return points[budget]
-        low, high = measured[at - 1], measured[at]
-        # Linear in tokens verified per request, budget + 1: the same line as in the budget.
-        share = (budget - low) / (high - low)
-        return points[low] + share * (points[high] - points[low])
+        return interpolate(self.tree[concurrency], budget)
+
+
+def interpolate(points: dict[int, float], budget: int) -> float:
+    """The step time at `budget` from step times at measured budgets around it (never outside them)."""
+    measured = sorted(points)
+    at = bisect.bisect_left(measured, budget)
+    if measured[at] == budget:
+        return points[budget]
+    low, high = measured[at - 1], measured[at]
+    # Linear in tokens verified per request, budget + 1: the same line as in the budget.
+    share = (budget - low) / (high - low)
+    return points[low] + share * (points[high] - points[low])
 
 
 def _kind(run: dict, where: str) -> str | None:

@@ -221,3 +221,54 @@ def test_the_interval_note_is_printed_when_only_an_a_a_pair_has_one():
                                         "vs_same_config_interval": [0.9, 1.3]}]}
     table = tuning.markdown(result)
     assert "| 4 | dflash-mid | 1.10 (0.90-1.30) |" in table and "bootstrap interval over the table's rounds" in table
+
+
+def _spec_cell(server: str, tok_s: float, accept: float, c: int) -> dict:
+    return {**_cell(server, tok_s, c), "accept_length": accept}
+
+
+def test_tunes_model_on_step_times_from_the_same_table_predicts_what_those_cells_do_not_hold(tmp_path):
+    """Steps at C=4 (C x acceptance / tok/s): DFLASH 40 ms, b8 40, b16 50, b32 80 ms. The schedule's
+    b24/k2 is costed between b16 and b32 (65 ms); b16 between b8 and b32 without its own cell
+    (53.3 ms); b8 and b32 have no budget on both sides; the chain's pick at C=1 takes DFLASH's step;
+    another drafter's DFLASH is never used."""
+    tune = {"predictions": [{"config": "b16k4-spine", "dflash_chain": False, "acceptance": 5.1, "predicted": {}}],
+            "per_concurrency": [
+                {"concurrency": 1, "best": {"dflash_chain": True, "acceptance": 4.1, "tok_s": 1.0}},
+                {"concurrency": 4, "best": {"config": "b24k2-spine", "budget": 24, "dflash_chain": False,
+                                            "acceptance": 5.2, "tok_s": 1.0}}]}
+    speed = {"speed": [_spec_cell("dflash-weak", 400.0, 4.0, 4), _spec_cell("ddtree-b8-k4-weak-spine", 450.0, 4.5, 4),
+                       _spec_cell("ddtree-b16-k4-weak-spine", 400.0, 5.0, 4),
+                       _spec_cell("ddtree-b32-k8-weak-spine", 275.0, 5.5, 4),
+                       _spec_cell("ddtree-smine-weak-spine", 300.0, 5.2, 4),
+                       _spec_cell("dflash-weak", 100.0, 4.0, 1), _spec_cell("dflash", 50.0, 4.0, 1),
+                       _spec_cell("ddtree-smine-weak-spine", 110.0, 4.1, 1)]}
+    tune_path, speed_path = tmp_path / "tune.json", tmp_path / "speed.json"
+    tune_path.write_text(json.dumps(tune))
+    speed_path.write_text(json.dumps(speed))
+    result = tuning.check(tune_path, [speed_path], "ddtree-smine-weak-spine")
+    rows = {(r["server"], r["concurrency"]): r for r in result["same_table"]}
+    assert set(rows) == {("ddtree-smine-weak-spine", 1), ("ddtree-smine-weak-spine", 4), ("ddtree-b16-k4-weak-spine", 4)}
+    assert rows[("ddtree-smine-weak-spine", 4)]["predicted_tok_s"] == pytest.approx(4 * 5.2 / 0.065)
+    assert rows[("ddtree-smine-weak-spine", 4)]["costed_from"] == ["b8", "b16", "b32"]
+    assert rows[("ddtree-b16-k4-weak-spine", 4)]["predicted_tok_s"] == pytest.approx(4 * 5.1 / (0.04 + 0.04 / 3))
+    assert rows[("ddtree-b16-k4-weak-spine", 4)]["costed_from"] == ["b8", "b32"]
+    chain = rows[("ddtree-smine-weak-spine", 1)]
+    assert chain["predicted_tok_s"] == pytest.approx(4.1 / 0.04) and chain["costed_from"] == ["DFLASH"]
+    assert chain["tok_s_error"] == pytest.approx(4.1 / 0.04 / 110 - 1)
+    assert "| ddtree-smine-weak-spine | 4 | b24k2-spine | b8, b16, b32 | 300 | 320 | +6.7% |" in tuning.markdown(result)
+
+
+S9 = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session9"
+
+
+def test_session_9s_weak_drafter_check_is_what_the_tool_prints():
+    """Session 9: the weak drafter's costs, measured a call before the tables, sit under them; tune's
+    model on the tables' own step times puts the schedule within 10.2 % of what it served."""
+    tables = [S9 / run / "e2e-runwide-speed.json" for run in ("wide-speed", "wide-speed-2")]
+    result = tuning.check(S9 / "wide-tune" / "tune" / "weak" / "tune.json", tables, "ddtree-stuned-weak-spine")
+    assert all(r["tok_s_error"] < 0 for r in result["rows"])
+    assert all(abs(r["acceptance_error"]) < 0.03 for r in result["rows"])
+    same = {r["concurrency"]: r for r in result["same_table"] if r["server"] == "ddtree-stuned-weak-spine"}
+    assert max(abs(r["tok_s_error"]) for r in same.values()) == pytest.approx(0.102, abs=0.001)
+    assert (S9 / "tune-check-pooled.md").read_text() == tuning.markdown(result)
