@@ -83,6 +83,7 @@ class Server:
     ready_s: float | None = None
     peak_mem_mib: int = 0
     pids: set = field(default_factory=set)
+    retried_alone: bool = False  # its first start, beside its wave, found too little free memory
 
     @property
     def url(self) -> str:
@@ -658,18 +659,27 @@ class MatrixRun:
         timeout = self.ready_timeout()
         in_parallel(lambda s=s: wait_ready(s, timeout) for s in wave)
         if len(wave) > 1:
-            for server in [s for s in wave if s.status.startswith("failed") and _NO_MEMORY in log_tail(s.log, 60)]:
-                self.start_alone(server)
+            crowded = [s for s in wave if s.status.startswith("failed") and _NO_MEMORY in log_tail(s.log, 60)]
+            # A start takes about as long as its wave's slowest did.
+            start_s = max((s.ready_s or 0.0 for s in wave), default=0.0)
+            for server in crowded:
+                self.start_alone(server, start_s)
 
-    def start_alone(self, server: Server) -> None:
+    def start_alone(self, server: Server, start_s: float) -> None:
         """Once more, now that its wave has settled (session 9 lost b16/k4 to three neighbours
         loading beside it: bench/results/gpu-session9); the first start's log is kept beside."""
-        if self.time_left() < MIN_WORKLOAD_S + 60:
-            say(f"{server.spec.name}: too little time left to start it again alone")
+        if self.time_left() < start_s + MIN_WORKLOAD_S:
+            say(f"{server.spec.name}: too little time left to start it again alone (a start took {start_s:.0f} s)")
             return
+        # A dead leader can leave children that hold the port and GPU memory.
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         server.log.replace(server.log.with_name(server.log.stem + ".crowded.log"))
-        say(f"{server.spec.name} found too little free GPU memory while others of its wave loaded: "
-            "starting it again, alone")
+        say(f"{server.spec.name} found too little free GPU memory, possibly because others of its wave loaded "
+            "meanwhile: starting it again, alone")
+        server.retried_alone = True
         self.stagger.launch(server, self.args.python, self.args.models, self.settings, self.envs[server.spec.name])
         self.record_state()
         wait_ready(server, self.ready_timeout())
@@ -801,7 +811,8 @@ class MatrixRun:
             servers_out.append({"name": s.spec.name, "algo": s.spec.algo, "budget": s.spec.budget, "topk": s.spec.topk,
                                 "drafter": s.spec.drafter, "eager": s.spec.eager, "spine": s.spec.spine,
                                 "tp": s.spec.tp, "ep": s.spec.ep,
-                                "status": s.status, "reused": s.reused, "port": s.port, "ready_s": s.ready_s,
+                                "status": s.status, "reused": s.reused, "retried_alone": s.retried_alone,
+                                "port": s.port, "ready_s": s.ready_s,
                                 "capture_s": capture_seconds(s.log), "peak_mem_mib": s.peak_mem_mib,
                                 "fatal_log_lines": fatal_lines(s.log),
                                 "avg_spec_accept_length": accept.get(s.spec.name),

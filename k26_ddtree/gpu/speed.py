@@ -79,7 +79,8 @@ def cpu_times() -> tuple[int, ...] | None:
 def host_cpu(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> HostCpu | None:
     if before is None or after is None:
         return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (b - a for a, b in zip(before, after))
+    # proc(5): iowait can go backwards; a negative share would be noise read as a signal.
+    user, nice, system, idle, iowait, irq, softirq, steal = (max(0, b - a) for a, b in zip(before, after))
     total = user + nice + system + idle + iowait + irq + softirq + steal
     if total <= 0:
         return None
@@ -95,7 +96,6 @@ class Repeat:
     errors: int
     started_epoch: float  # lines a repeat up with the card's clock log (run.sh K26_GPU_STATE)
     host_cpu: HostCpu | None = None
-
 
     @property
     def tok_per_s(self) -> float:

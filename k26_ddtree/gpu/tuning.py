@@ -20,8 +20,8 @@ table against what the table measured, and the schedule against the best single 
 DFLASH at every concurrency, and against the single server that serves the config the schedule
 chose there (an A/A pair, the measurement's own spread). Several tables of the same servers
 are pooled, each cell the mean of the tables' medians. Then tune's model once more, on step times
-taken from the table itself (same_table): the costs of one call and the table of a later one
-differ by the machine's drift between the calls, which is no error of the model.
+taken from the table itself (same_table): costs measured in another call also carry whatever the
+machine did differently then, and this separates the model from that.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.gpu.matrix import parse_server, variant
 from k26_ddtree.jsonread import Unreadable, read_json
 from k26_ddtree.sglang.trace import FLUSH_SECONDS
-from k26_ddtree.tune.costs import interpolate
+from k26_ddtree.tune.costs import bracket, interpolate
 
 TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
@@ -225,6 +225,13 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str) -> dic
         key = "DFLASH" if row["dflash_chain"] else row["config"]
         predicted[key] = row
     cells = _pooled(speed_docs)
+    # A server of the run that measured nothing (it did not start) is checked without verdicts; a
+    # name no table knows is a mistake.
+    known = set(cells) | {str(s.get("name")) for doc in speed_docs for s in doc.get("servers") or []
+                          if isinstance(s, dict)}
+    if schedule_server not in known:
+        raise UserError(f"--schedule-server {schedule_server}: no server of the speed tables "
+                        f"(servers: {', '.join(sorted(known)) or 'none'})")
     rows = []
     for server, by_c in sorted(cells.items()):
         config = _served_config(server)
@@ -266,14 +273,16 @@ def _table_steps(cells: dict, c: int, leave_out: str) -> tuple[dict[int, float],
 
 
 def _predict_from(tree: dict[int, float], chain: float | None, c: int, budget: int | None,
-                  acceptance: float) -> float | None:
-    """C * acceptance / step, the step the chain's (budget None) or interpolated between the
-    table's budgets; None outside them, as tune never extrapolates."""
+                  acceptance: float) -> tuple[float, list[str]] | None:
+    """(C * acceptance / step, the cells the step came from): the chain's step (budget None), or one
+    interpolated between the table's budgets; None outside them, as tune never extrapolates."""
     if budget is None:
-        return None if chain is None else c * acceptance / chain
-    if not tree or not min(tree) <= budget <= max(tree):
+        return None if chain is None else (c * acceptance / chain, ["DFLASH"])
+    try:
+        used = bracket(tree, budget)
+    except ValueError:
         return None
-    return c * acceptance / interpolate(tree, budget)
+    return c * acceptance / interpolate(tree, budget), [f"b{b}" for b in used]
 
 
 def same_table(tuned: dict, predicted: dict, cells: dict, schedule_server: str) -> list[dict]:
@@ -287,26 +296,23 @@ def same_table(tuned: dict, predicted: dict, cells: dict, schedule_server: str) 
         config = _served_config(server)
         spec = parse_server(server) if config not in (None, "DFLASH") else None
         for c, cell in sorted(by_c.items()):
+            tree, chain = _table_steps(cells, c, leave_out=server)
             chosen = best.get(c)
             if server == schedule_server and isinstance(chosen, dict) and (chosen.get("dflash_chain")
                                                                            or "budget" in chosen):
-                tree, chain = _table_steps(cells, c, leave_out=server)
-                budget = None if chosen.get("dflash_chain") else int(chosen["budget"])
-                got = _predict_from(tree, chain, c, budget, float(chosen["acceptance"]))
-                label = "DFLASH" if budget is None else chosen["config"]
+                label = "DFLASH" if chosen.get("dflash_chain") else str(chosen.get("config"))
+                got = _predict_from(tree, chain, c, None if label == "DFLASH" else int(chosen["budget"]),
+                                    float(chosen["acceptance"]))
             elif spec is not None and config in predicted:
-                tree, chain = _table_steps(cells, c, leave_out=server)
-                if not any(b < spec.budget for b in tree) or not any(b > spec.budget for b in tree):
-                    continue
-                got = _predict_from(tree, chain, c, spec.budget, float(predicted[config]["acceptance"]))
+                # Its own budget is gone from `tree`: only a budget between two others' is predicted.
                 label = config
+                got = _predict_from(tree, None, c, spec.budget, float(predicted[config]["acceptance"]))
             else:
                 continue
             if got is not None:
                 rows.append({"server": server, "concurrency": c, "config": label,
-                             "measured_tok_s": cell["median_tok_s"], "predicted_tok_s": got,
-                             "tok_s_error": got / cell["median_tok_s"] - 1,
-                             "costed_from": ["DFLASH"] if label == "DFLASH" else [f"b{b}" for b in sorted(tree)]})
+                             "measured_tok_s": cell["median_tok_s"], "predicted_tok_s": got[0],
+                             "tok_s_error": got[0] / cell["median_tok_s"] - 1, "costed_from": got[1]})
     return rows
 
 
@@ -316,7 +322,11 @@ def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
     for doc in speed_docs:
         for cell in doc["speed"]:
             name = str(cell["cell"])
-            if name.startswith(GREEDY) and cell.get("median_tok_s"):
+            rate = cell.get("median_tok_s")
+            if rate is not None and not isinstance(rate, (int, float)):
+                raise UserError(f"{cell.get('server')} {name}: median_tok_s {rate!r} is not a number")
+            # A median of 0 is no rate to divide by (a cell whose every repeat failed): measured nothing.
+            if name.startswith(GREEDY) and rate is not None and rate > 0:
                 found.setdefault(cell["server"], {}).setdefault(int(name[len(GREEDY):]), []).append(cell)
     counts = {len(got) for by_c in found.values() for got in by_c.values()}
     if len(counts) > 1:

@@ -85,13 +85,22 @@ class Costs:
         return interpolate(self.tree[concurrency], budget)
 
 
+def bracket(points: dict[int, float], budget: int) -> tuple[int, ...]:
+    """The measured budgets a step time at `budget` comes from: itself, or the two around it;
+    ValueError outside the measured range (tune never extrapolates)."""
+    measured = sorted(points)
+    if not measured or not measured[0] <= budget <= measured[-1]:
+        raise ValueError(f"budget {budget} is outside the measured budgets {measured}")
+    at = bisect.bisect_left(measured, budget)
+    return (budget,) if measured[at] == budget else (measured[at - 1], measured[at])
+
+
 def interpolate(points: dict[int, float], budget: int) -> float:
     """The step time at `budget` from step times at measured budgets around it (never outside them)."""
-    measured = sorted(points)
-    at = bisect.bisect_left(measured, budget)
-    if measured[at] == budget:
+    used = bracket(points, budget)
+    if len(used) == 1:
         return points[budget]
-    low, high = measured[at - 1], measured[at]
+    low, high = used
     # Linear in tokens verified per request, budget + 1: the same line as in the budget.
     share = (budget - low) / (high - low)
     return points[low] + share * (points[high] - points[low])

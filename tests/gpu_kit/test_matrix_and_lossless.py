@@ -187,5 +187,7 @@ def test_a_repeats_host_cpu_shares_come_from_the_difference_of_two_proc_stat_rea
     share = speed.host_cpu(before, after)
     assert share == speed.HostCpu(busy=0.5, steal=round(20 / 840, 3))
     assert speed.host_cpu(None, after) is None and speed.host_cpu(before, before) is None
+    backwards = speed.host_cpu(before, (400, 0, 150, 1400, -50, 10, 10, 30))  # iowait may go back (proc(5))
+    assert backwards == share
     now = speed.cpu_times()
     assert now is None or (len(now) == 8 and all(t >= 0 for t in now))

@@ -250,13 +250,30 @@ def test_tunes_model_on_step_times_from_the_same_table_predicts_what_those_cells
     rows = {(r["server"], r["concurrency"]): r for r in result["same_table"]}
     assert set(rows) == {("ddtree-smine-weak-spine", 1), ("ddtree-smine-weak-spine", 4), ("ddtree-b16-k4-weak-spine", 4)}
     assert rows[("ddtree-smine-weak-spine", 4)]["predicted_tok_s"] == pytest.approx(4 * 5.2 / 0.065)
-    assert rows[("ddtree-smine-weak-spine", 4)]["costed_from"] == ["b8", "b16", "b32"]
+    assert rows[("ddtree-smine-weak-spine", 4)]["costed_from"] == ["b16", "b32"]
     assert rows[("ddtree-b16-k4-weak-spine", 4)]["predicted_tok_s"] == pytest.approx(4 * 5.1 / (0.04 + 0.04 / 3))
     assert rows[("ddtree-b16-k4-weak-spine", 4)]["costed_from"] == ["b8", "b32"]
     chain = rows[("ddtree-smine-weak-spine", 1)]
     assert chain["predicted_tok_s"] == pytest.approx(4.1 / 0.04) and chain["costed_from"] == ["DFLASH"]
     assert chain["tok_s_error"] == pytest.approx(4.1 / 0.04 / 110 - 1)
-    assert "| ddtree-smine-weak-spine | 4 | b24k2-spine | b8, b16, b32 | 300 | 320 | +6.7% |" in tuning.markdown(result)
+    assert "| ddtree-smine-weak-spine | 4 | b24k2-spine | b16, b32 | 300 | 320 | +6.7% |" in tuning.markdown(result)
+
+
+@pytest.mark.parametrize("speed, message", [
+    ({"speed": [_cell("ddtree-smistyped-real", 50.0)]}, "--schedule-server ddtree-smine-real: no server of the"),
+    ({"speed": [_cell("ddtree-smine-real", 0.0)]}, "servers: none"),
+    ({"speed": [_cell("ddtree-smine-real", [50])]}, "median_tok_s [50] is not a number"),
+])
+def test_a_schedule_server_the_tables_do_not_hold_is_one_line_and_exit_2(tmp_path, speed, message):
+    proc = _tool(tmp_path, speed)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_a_schedule_server_of_the_run_that_did_not_start_is_checked_without_verdicts(tmp_path):
+    speed = {"servers": [{"name": "ddtree-smine-real", "status": "failed to start"}], "speed": [_cell("dflash", 40.0)]}
+    proc = _tool(tmp_path, speed)
+    assert proc.returncode == 0, proc.stderr
+    assert "| dflash | 1 | 40 |" in proc.stdout
 
 
 S9 = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session9"

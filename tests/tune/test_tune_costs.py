@@ -112,3 +112,14 @@ def test_the_committed_live_bench_file_costs_its_ddtree_and_dflash_runs():
 def test_costs_that_cannot_cost_trees_are_one_error(tmp_path, runs, message):
     with pytest.raises(UserError, match=message):
         load_costs(write_results(tmp_path / "sweep.json", runs))
+
+
+def test_a_step_time_comes_from_its_own_budget_or_the_two_around_it_and_never_from_outside():
+    from k26_ddtree.tune.costs import bracket, interpolate
+
+    points = {8: 0.04, 16: 0.05, 32: 0.08}
+    assert bracket(points, 16) == (16,) and bracket(points, 24) == (16, 32)
+    assert interpolate(points, 24) == pytest.approx(0.065)
+    for outside in (4, 33):
+        with pytest.raises(ValueError, match="outside the measured budgets"):
+            interpolate(points, outside)
