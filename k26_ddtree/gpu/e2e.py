@@ -445,7 +445,10 @@ def read_state(state: Path, expected: str) -> dict:
 
 class Stagger:
     """Serialises launches with a pause: every server profiles free memory around its weight
-    load, and a neighbour allocating inside that window would shrink (or negate) its KV budget."""
+    load, and a neighbour allocating inside that window would shrink (or negate) its KV budget.
+    The pause spaces the launches, not the windows: each comes some 35 s into its start (session
+    9), and waiting out every window in turn would add that to each server of a wave. A start the
+    window caught is tried again alone instead (MatrixRun.start_alone)."""
 
     def __init__(self, seconds: float):
         self.seconds, self.lock = seconds, threading.Lock()
@@ -661,7 +664,7 @@ class MatrixRun:
         if len(wave) > 1:
             crowded = [s for s in wave if s.status.startswith("failed") and _NO_MEMORY in log_tail(s.log, 60)]
             # A start takes about as long as its wave's slowest did.
-            start_s = max((s.ready_s or 0.0 for s in wave), default=0.0)
+            start_s = max(s.ready_s or 0.0 for s in wave)
             for server in crowded:
                 self.start_alone(server, start_s)
 

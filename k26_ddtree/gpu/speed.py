@@ -57,8 +57,8 @@ class SpeedSpec:
 @dataclass(frozen=True)
 class HostCpu:
     """The machine's CPU time over one repeat, as shares of all its CPUs' time: busy (user,
-    system, interrupts) and steal (time the hypervisor ran something else on our CPUs). A slow
-    repeat with high steal was slowed by the host, not by the server."""
+    system, interrupts) and steal (time the hypervisor ran something else on our CPUs), to tell
+    a repeat the host slowed from one the server did."""
 
     busy: float
     steal: float

@@ -293,27 +293,36 @@ def same_table(tuned: dict, predicted: dict, cells: dict, schedule_server: str) 
     rows = []
     best = {int(p["concurrency"]): p.get("best") for p in tuned["per_concurrency"]}
     for server, by_c in sorted(cells.items()):
-        config = _served_config(server)
-        spec = parse_server(server) if config not in (None, "DFLASH") else None
         for c, cell in sorted(by_c.items()):
-            tree, chain = _table_steps(cells, c, leave_out=server)
-            chosen = best.get(c)
-            if server == schedule_server and isinstance(chosen, dict) and (chosen.get("dflash_chain")
-                                                                           or "budget" in chosen):
-                label = "DFLASH" if chosen.get("dflash_chain") else str(chosen.get("config"))
-                got = _predict_from(tree, chain, c, None if label == "DFLASH" else int(chosen["budget"]),
-                                    float(chosen["acceptance"]))
-            elif spec is not None and config in predicted:
-                # Its own budget is gone from `tree`: only a budget between two others' is predicted.
-                label = config
-                got = _predict_from(tree, None, c, spec.budget, float(predicted[config]["acceptance"]))
-            else:
+            target = _same_table_target(server, best.get(c), schedule_server, predicted)
+            if target is None:
                 continue
+            label, budget, acceptance = target
+            got = _predict_from(*_table_steps(cells, c, leave_out=server), c, budget, acceptance)
             if got is not None:
                 rows.append({"server": server, "concurrency": c, "config": label,
                              "measured_tok_s": cell["median_tok_s"], "predicted_tok_s": got[0],
                              "tok_s_error": got[0] / cell["median_tok_s"] - 1, "costed_from": got[1]})
     return rows
+
+
+def _same_table_target(server: str, chosen, schedule_server: str,
+                       predicted: dict) -> tuple[str, int | None, float] | None:
+    """(config, budget or None for the chain, acceptance) that same_table predicts for a server at
+    one C: the schedule's pick there, or the tree config a single server serves; None for nothing."""
+    if server == schedule_server:
+        if not isinstance(chosen, dict):
+            return None
+        if chosen.get("dflash_chain"):
+            return "DFLASH", None, float(chosen["acceptance"])
+        if "budget" not in chosen:
+            return None
+        return str(chosen.get("config")), int(chosen["budget"]), float(chosen["acceptance"])
+    config = _served_config(server)
+    if config in (None, "DFLASH") or config not in predicted:
+        return None
+    # Its own cell is left out of the steps: only a budget between two others' gets a prediction.
+    return config, parse_server(server).budget, float(predicted[config]["acceptance"])
 
 
 def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
