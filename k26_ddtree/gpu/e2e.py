@@ -551,8 +551,9 @@ class MatrixRun:
         used_ports = {int(k["port"]) for k in kept.values()}
         port = self.args.base_port
         to_launch = []
-        traced = {group.trace for group in self.tunes}
-        for group in self.tunes:
+        tracing = [group for group in self.tunes if group.trace]
+        traced = {group.trace for group in tracing}
+        for group in tracing:
             # Whatever this run's trace server does not write is no trace of this run.
             group.trace_file(self.args.work).unlink(missing_ok=True)
         for server in self.servers:
@@ -647,7 +648,7 @@ class MatrixRun:
             site = ddtree_site if server.spec.algo == "DDTREE" else args.site
             self.envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
             for group in self.tunes:
-                if server.spec.name == group.trace:
+                if group.trace and server.spec.name == group.trace:
                     self.envs[server.spec.name][TRACE_ENV] = str(group.trace_file(args.work))
             if server.spec.oracle:
                 self.envs[server.spec.name][ORACLE_ENV] = str(self.oracle_path)
@@ -757,12 +758,17 @@ class MatrixRun:
         skip = set(self.spec["speed"].get("skip", {}).get(str(self.args.run), []))
         ready = [s for s in self.servers if s.status == "ready" and s.spec.name not in skip]
         spec = speed.SpeedSpec.from_matrix(self.spec, self.args.run)
+        table = [group for group in self.tunes if group.trace_from]
+        # After the table, each table group's tune.
+        end = self.deadline - 12 - tuning.TABLE_TUNE_S * len(table)
+        costs = tuning.TableCosts(self.servers, table, self.args, self.prompts, self.spec["new_tokens"], end,
+                                  say) if table else None
         # What the report still needs: stopping kept servers is not needed, the rest is quick.
         self.speed = speed.measure(ready, spec, self.prompts, self.reference,
                                    lambda url, ids, params: post_json(url + "/generate",
                                                                       {"input_ids": ids, "sampling_params": params},
                                                                       timeout=max(5.0, self.time_left())),
-                                   self.deadline - 12, say)
+                                   end, say, costs.after_round if costs else None)
         for server in ready:
             if not server.alive():
                 server.status = f"crashed during the speed cells (exit {server.exit_code()})"

@@ -13,7 +13,9 @@ and concurrency each, and tune takes each cost's median over the rounds; then `k
 writes tune.json (+ .png, and its printout in .txt). Every group's files are
 packed with its costs and trace into OUT/tune.tar.xz (tune/GROUP/); WORK/tune-GROUP.json stays
 for a later call on the warm machine, whose ddtree-s<NAME> server serves it (e2e --schedule
-NAME=@FILE).
+NAME=@FILE), and so does the trace that tune read (tuned_trace). In that later speed run a table
+group (TableCosts) measures its costs inside the speed table, between its rounds, and tunes on
+that kept trace: costs and table then share the call's minutes.
 
 check (here, on the results): tune's predicted acceptance and tok/s of every config in a speed
 table against what the table measured, and the schedule against the best single config and
@@ -41,6 +43,7 @@ from statistics import fmean, median
 from k26_ddtree import atomic
 from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.errors import UserError
+from k26_ddtree.gpu import speed
 from k26_ddtree.gpu.matrix import parse_server, variant
 from k26_ddtree.jsonread import Unreadable, read_json
 from k26_ddtree.sglang.trace import FLUSH_SECONDS
@@ -50,6 +53,8 @@ TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
 # Every record of the last cell is in the file by then.
 TRACE_SETTLE_S = FLUSH_SECONDS + 1.0
+# What one tune takes after a speed table (it replays the trace: 10 s in session 9).
+TABLE_TUNE_S = 20
 
 
 def bench_run(url: str, results: Path, label: str, extra: list[str], log: Path, timeout: float) -> int | str:
@@ -73,15 +78,24 @@ def write_prompt_set(path: Path, prompts: list[list[int]]) -> Path:
 @dataclass(frozen=True)
 class TuneGroup:
     """One `k26-deploy tune` of a run: its name (a drafter's, say), the server whose greedy cells it
-    traces, the servers whose steady costs it reads, and tune's further arguments."""
+    traces, the servers whose steady costs it reads, and tune's further arguments. A table group
+    (trace_from, in a speed run) traces nothing: its costs are measured inside the speed table,
+    between its rounds, and it tunes on the trace an earlier run's group `trace_from` tuned on."""
 
     name: str
-    trace: str
+    trace: str  # "" for a table group
     costs: tuple[str, ...]
     args: tuple[str, ...] = ()
+    trace_from: str = ""
 
     def trace_file(self, work: Path) -> Path:
         return work / f"trace-{self.name}.k26"
+
+
+def tuned_trace(work: Path, group: str) -> Path:
+    """The trace group `group`'s tune read, kept in WORK for a later call's table group: its trace
+    server goes on appending to the live file."""
+    return work / f"tuned-trace-{group}.k26"
 
 
 GROUP_NAME = re.compile(r"[a-z][a-z0-9-]*")
@@ -97,53 +111,97 @@ def groups(spec: dict, run: str, started: list[str]) -> tuple[list[TuneGroup], l
     trace server is not started is left out, a cost server that is not started is not benched;
     each said in a note."""
     in_run = spec["runs"][run]
+    speed_run = run in spec.get("speed_runs", [])
     out, notes = [], []
     for name, group in spec.get("tunes", {}).get(run, {}).items():
         where = f"matrix \"tunes\" {run}/{name}"
         if not GROUP_NAME.fullmatch(name):
             raise UserError(f"{where}: a group name is a lowercase letter, then lowercase letters, digits or '-'")
-        if not (isinstance(group, dict) and isinstance(group.get("trace"), str) and _strings(group.get("costs"))
-                and _strings(group.get("args", []))):
-            raise UserError(f"{where}: expected {{\"trace\": SERVER, \"costs\": [SERVER, ...], "
+        source = group.get("trace_from") if isinstance(group, dict) else None
+        if not (isinstance(group, dict) and (isinstance(group.get("trace"), str)) != (source is not None)
+                and (source is None or (isinstance(source, str) and GROUP_NAME.fullmatch(source)))
+                and _strings(group.get("costs")) and _strings(group.get("args", []))):
+            raise UserError(f"{where}: expected {{\"trace\": SERVER or \"trace_from\": GROUP, \"costs\": [SERVER, ...], "
                             "\"args\": [TUNE ARGUMENT, ...]}} (args optional)")
-        found = TuneGroup(name, group["trace"], tuple(group["costs"]), tuple(group.get("args", [])))
-        missing = [s for s in (found.trace, *found.costs) if s not in in_run]
+        if source is not None and not speed_run:
+            raise UserError(f"{where}: \"trace_from\" (costs inside the speed table) needs a speed run")
+        found = TuneGroup(name, group.get("trace", ""), tuple(group["costs"]), tuple(group.get("args", [])),
+                          source or "")
+        missing = [s for s in (*([found.trace] if found.trace else []), *found.costs) if s not in in_run]
         if missing:
             raise UserError(f"{where}: {missing[0]} is not a server of run {run}")
-        if not found.trace.startswith("ddtree-"):
+        if found.trace and not found.trace.startswith("ddtree-"):
             raise UserError(f"{where}: the trace server {found.trace} is no DDTree server")
-        if found.trace not in started:
+        if found.trace and found.trace not in started:
             notes.append(f"tune {name}: left out, its trace server {found.trace} is not started in this run")
             continue
         dropped = [s for s in found.costs if s not in started]
         if dropped:
             notes.append(f"tune {name}: {', '.join(dropped)} not started in this run, so not costed")
-            found = TuneGroup(name, found.trace, tuple(s for s in found.costs if s in started), found.args)
+            found = TuneGroup(name, found.trace, tuple(s for s in found.costs if s in started), found.args,
+                              found.trace_from)
         out.append(found)
-    traced = [g.trace for g in out]
+    traced = [g.trace for g in out if g.trace]
     if len(set(traced)) != len(traced):
         raise UserError(f"matrix \"tunes\" {run}: two groups trace one server")
     return out, notes
 
 
+def _bench_args(args, prompts: list[list[int]], new_tokens: int, levels: str) -> list[str]:
+    """`bench run` arguments of one cost measurement: the run's prompts and tokens per request in a
+    closed loop at each of `levels`, one repeat (the repeats are rounds across the cost servers)."""
+    return ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
+            "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", "1", "--quiet"]
+
+
+class TableCosts:
+    """The costs of a speed run's table groups, measured inside the speed table: costs measured in
+    another call carry whatever the machine did differently then, and in one call they share the
+    table's minutes. After the middle round of each greedy cell at a tune concurrency C, one closed
+    loop at C per cost server (the order rotated with C), into OUT/tune/GROUP/costs.json;
+    costs_and_tune then tunes on them. A cost round stops short while 20 s are left before
+    `deadline`, and each loop is as long as one of the table's repeats."""
+
+    def __init__(self, servers, groups: list[TuneGroup], args, prompts: list[list[int]], new_tokens: int,
+                 deadline: float, say):
+        self.servers, self.groups, self.args, self.deadline, self.say = servers, groups, args, deadline, say
+        self.prompts, self.new_tokens = prompts, new_tokens
+
+    def after_round(self, cell_name: str, cell: dict, r: int, rounds: int) -> None:
+        c = int(cell["concurrency"])
+        if r != rounds // 2 or float(cell["temperature"]) != 0.0 or c not in TUNE_CONCURRENCY:
+            return
+        bench = _bench_args(self.args, self.prompts, self.new_tokens, str(c))
+        for group in self.groups:
+            out = self.args.out / "tune" / group.name
+            out.mkdir(parents=True, exist_ok=True)
+            turn = TUNE_CONCURRENCY.index(c) % len(group.costs) if group.costs else 0
+            bench_servers(self.servers, list(group.costs[turn:] + group.costs[:turn]), out / "costs.json",
+                          out / "tune.log", bench, self.deadline, f"tune {group.name} costs in {cell_name}", self.say)
+
+
 def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int]], new_tokens: int,
                    deadline: float, say) -> None:
+    """Each group's trace copied, its costs measured (a table group's are, inside the table) and
+    tune run; everything packed into OUT/tune.tar.xz."""
     root = args.out / "tune"
     levels = ",".join(map(str, TUNE_CONCURRENCY))
     try:
         # Every trace is copied before the first bench: a cost server may be another group's trace server.
-        if any(group.trace_file(args.work).is_file() for group in tunes):
+        if any(group.trace and group.trace_file(args.work).is_file() for group in tunes):
             time.sleep(TRACE_SETTLE_S)
         for group in tunes:
             (root / group.name).mkdir(parents=True, exist_ok=True)
-            if group.trace_file(args.work).is_file():
-                shutil.copyfile(group.trace_file(args.work), root / group.name / "trace.k26")
-        bench = ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
-                 "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", "1", "--quiet"]
+            source = tuned_trace(args.work, group.trace_from) if group.trace_from else group.trace_file(args.work)
+            if source.is_file():
+                shutil.copyfile(source, root / group.name / "trace.k26")
+                if group.trace:
+                    shutil.copyfile(root / group.name / "trace.k26", tuned_trace(args.work, group.name))
+        bench = _bench_args(args, prompts, new_tokens, levels)
         for i, group in enumerate(tunes):
             out = root / group.name
             costs = out / "costs.json"
-            for r in range(args.cost_repeats):
+            for r in range(0 if group.trace_from else args.cost_repeats):
                 # Round r benches every cost server once, the order rotated by r, as the speed table
                 # interleaves its repeats: a drift of the machine then moves every server's costs
                 # alike, where one server's repeats back to back all caught the same few seconds.
@@ -166,7 +224,7 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
 def bench_servers(servers, names: list[str], results: Path, log: Path, extra: list[str], deadline: float,
                   what: str, say) -> None:
     """`bench_run` against each named server that is ready, one at a time, while at least 20 s are
-    left before `deadline`."""
+    left before `deadline`; each line says what the host's CPUs did meanwhile (speed.host_cpu)."""
     by_name = {s.spec.name: s for s in servers}
     for name in names:
         server = by_name.get(name)
@@ -177,15 +235,20 @@ def bench_servers(servers, names: list[str], results: Path, log: Path, extra: li
         if left < 20:
             say(f"{what}: no time left for {name}")
             break
-        t = time.time()
+        t, before = time.time(), speed.cpu_times()
         rc = bench_run(server.url, results, name, extra, log, left)
-        say(f"{what} {name}: exit {rc} ({time.time() - t:.0f} s)")
+        cpu = speed.host_cpu(before, speed.cpu_times())
+        host = f", host CPUs {100 * cpu.busy:.1f}% busy, {100 * cpu.steal:.2f}% stolen" if cpu else ""
+        say(f"{what} {name}: exit {rc} ({time.time() - t:.0f} s{host})")
 
 
 def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str, deadline: float, say) -> None:
     trace = out / "trace.k26"
     if not trace.is_file() or not costs.is_file():
-        say(f"tune {group.name}: no {'trace' if not trace.is_file() else 'costs'}; not run")
+        missing = "costs" if trace.is_file() else "trace"
+        if not trace.is_file() and group.trace_from:
+            missing = f"trace (no earlier run of this machine tuned group {group.trace_from})"
+        say(f"tune {group.name}: no {missing}; not run")
         return
     cmd = [sys.executable, "-m", "k26_ddtree", "tune", "--trace", str(trace), "--costs", str(costs),
            "--concurrency", levels, "--model", str(args.models / "target"), "--out", str(out / "tune.json"),
@@ -212,11 +275,14 @@ def _served_config(name: str) -> str | None:
     return "DFLASH" if spec.algo == "DFLASH" else TreeShape(spec.budget, spec.topk, spec.spine).name
 
 
-def check(tune_path: Path, speed_paths: list[Path], schedule_server: str) -> dict:
+def check(tune_path: Path, speed_paths: list[Path], schedule_server: str, served_path: Path | None = None) -> dict:
     """Predicted against measured for the speed tables' servers (greedy cells only). Several tables
-    of the same servers (back-to-back calls) are pooled: each cell is the mean of its tables' medians."""
+    of the same servers (back-to-back calls) are pooled: each cell is the mean of its tables' medians.
+    served_path: the tune file whose schedule the schedule server served, when another tune (on
+    costs measured later, in the table's call) predicts it; by default the one of tune_path."""
     try:
         tuned = read_json(tune_path)
+        served = tuned if served_path is None else read_json(served_path)
         speed_docs = [read_json(path) for path in speed_paths]
     except (FileNotFoundError, Unreadable) as err:
         raise UserError(str(err)) from None
@@ -224,6 +290,7 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str) -> dic
     for row in tuned["predictions"]:
         key = "DFLASH" if row["dflash_chain"] else row["config"]
         predicted[key] = row
+    served_best = _served_best(served, predicted, served_path)
     cells = _pooled(speed_docs)
     # A server of the run that measured nothing (it did not start) is checked without verdicts; a
     # name no table knows is a mistake.
@@ -240,16 +307,59 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str) -> dic
                    "measured_acceptance": cell.get("accept_length")}
             if len(cell["table_medians"]) > 1:
                 row["table_medians"] = cell["table_medians"]
-            pred = _prediction(tuned, predicted, config, server == schedule_server, c)
+            pred = _prediction(served_best, predicted, config, server == schedule_server, c)
             if pred is not None:
                 row.update(predicted_acceptance=pred[0], predicted_tok_s=pred[1])
                 if row["measured_acceptance"]:
                     row["acceptance_error"] = pred[0] / row["measured_acceptance"] - 1
                 row["tok_s_error"] = pred[1] / row["measured_tok_s"] - 1
             rows.append(row)
-    return {"tables": [str(p) for p in speed_paths], "rows": rows,
-            "verdicts": _verdicts(cells, schedule_server, _chosen(tuned)),
-            "same_table": same_table(tuned, predicted, cells, schedule_server)}
+    result = {"tables": [str(p) for p in speed_paths], "rows": rows,
+              "verdicts": _verdicts(cells, schedule_server, _chosen(served_best)),
+              "same_table": same_table(served_best, predicted, cells, schedule_server),
+              "costs_vs_table": costs_vs_table(tuned, cells, schedule_server)}
+    if served_path is not None:
+        result["served"] = str(served_path)
+    return result
+
+
+def _served_best(served: dict, predicted: dict, served_path: Path | None) -> dict[int, dict]:
+    """{C: what the schedule server serves there, with tune's prediction}: the served tune file's
+    pick at each C, predicted by --tune's model when that is another file."""
+    best = {int(p["concurrency"]): p.get("best") for p in served["per_concurrency"]}
+    if served_path is None:
+        return best
+    out = {}
+    for c, pick in best.items():
+        key = isinstance(pick, dict) and ("DFLASH" if pick.get("dflash_chain") else pick.get("config"))
+        row = predicted.get(key) if key else None
+        if row is None or str(c) not in row["predicted"]:
+            raise UserError(f"--served {served_path}: its config at C={c}, {key}, has no prediction in the --tune file")
+        out[c] = {**pick, "acceptance": row["acceptance"], "tok_s": row["predicted"][str(c)]["tok_s"]}
+    return out
+
+
+def costs_vs_table(tuned: dict, cells: dict, schedule_server: str) -> list[dict]:
+    """tune's cost cells (its `measured` step times) against the table's cells of the servers that
+    serve those configs, as rates: what the costs' bench loops and the table's repeats measured of
+    the same servers. In one call this is the two clients' A/A pair; across calls it adds the machine's drift."""
+    measured = tuned.get("measured") or {}
+    rows = []
+    for server, by_c in sorted(cells.items()):
+        config = _served_config(server)
+        if config is None or variant(server) != variant(schedule_server):
+            continue
+        for c, cell in sorted(by_c.items()):
+            if config == "DFLASH":
+                cost_ms = (measured.get("dflash_step_ms") or {}).get(str(c))
+            else:
+                cost_ms = ((measured.get("ddtree_step_ms") or {}).get(str(c)) or {}).get(str(parse_server(server).budget))
+            if not cost_ms or not cell.get("accept_length"):
+                continue
+            table_ms = 1000 * c * cell["accept_length"] / cell["median_tok_s"]
+            rows.append({"server": server, "concurrency": c, "cost_step_ms": cost_ms, "table_step_ms": table_ms,
+                         "rate_error": table_ms / cost_ms - 1})
+    return rows
 
 
 def _table_steps(cells: dict, c: int, leave_out: str) -> tuple[dict[int, float], float | None]:
@@ -285,13 +395,12 @@ def _predict_from(tree: dict[int, float], chain: float | None, c: int, budget: i
     return c * acceptance / interpolate(tree, budget), [f"b{b}" for b in used]
 
 
-def same_table(tuned: dict, predicted: dict, cells: dict, schedule_server: str) -> list[dict]:
+def same_table(best: dict[int, dict], predicted: dict, cells: dict, schedule_server: str) -> list[dict]:
     """tune's prediction with its costs taken from the speed table's own single-config cells, for
-    what those cells do not already hold: the schedule server at each C (its configs costed from
-    the others' steps, its acceptance tune's), and each tree server whose budget lies between
-    two others' (its own cell left out). Costs and measurement then share one machine state."""
+    what those cells do not already hold: the schedule server at each C (its configs, `best`,
+    costed from the others' steps, its acceptance tune's), and each tree server whose budget lies
+    between two others' (its own cell left out). Costs and measurement then share one machine state."""
     rows = []
-    best = {int(p["concurrency"]): p.get("best") for p in tuned["per_concurrency"]}
     for server, by_c in sorted(cells.items()):
         for c, cell in sorted(by_c.items()):
             target = _same_table_target(server, best.get(c), schedule_server, predicted)
@@ -386,22 +495,21 @@ def ratio_interval(top: dict, bottom: dict) -> list[float] | None:
     return [ratios[int(0.025 * BOOTSTRAP_DRAWS)], ratios[int(0.975 * BOOTSTRAP_DRAWS) - 1]]
 
 
-def _chosen(tuned: dict) -> dict[int, str]:
-    """The config (TreeShape.name, or DFLASH) tune's schedule serves at each concurrency it planned."""
+def _chosen(best: dict[int, dict]) -> dict[int, str]:
+    """The config (TreeShape.name, or DFLASH) the schedule serves at each concurrency tune planned."""
     chosen = {}
-    for planned in tuned["per_concurrency"]:
-        best = planned.get("best")
-        name = isinstance(best, dict) and ("DFLASH" if best.get("dflash_chain") else best.get("config"))
+    for c, pick in best.items():
+        name = isinstance(pick, dict) and ("DFLASH" if pick.get("dflash_chain") else pick.get("config"))
         if name:
-            chosen[int(planned["concurrency"])] = name
+            chosen[c] = name
     return chosen
 
 
-def _prediction(tuned: dict, predicted: dict, config: str | None, is_schedule: bool, c: int):
+def _prediction(best: dict[int, dict], predicted: dict, config: str | None, is_schedule: bool, c: int):
     if is_schedule:
         # A C the speed table measured but tune was not asked for has no prediction.
-        best = next((p["best"] for p in tuned["per_concurrency"] if p["concurrency"] == c), None)
-        return None if best is None else (best["acceptance"], best["tok_s"])
+        pick = best.get(c)
+        return None if pick is None else (pick["acceptance"], pick["tok_s"])
     row = predicted.get(config) if config else None
     if row is None or str(c) not in row["predicted"]:
         return None
@@ -494,6 +602,18 @@ def markdown(result: dict) -> str:
         lines += [f"| {r['server']} | {r['concurrency']} | {r['config']} | "
                   f"{', '.join(r['costed_from'])} | {r['measured_tok_s']:.0f} | "
                   f"{r['predicted_tok_s']:.0f} | {100 * r['tok_s_error']:+.1f}% |" for r in result["same_table"]]
+    if result.get("served"):
+        lines += ["", f"The schedule server served {result['served']}; the predictions above are this tune's "
+                  "for those configs."]
+    if result.get("costs_vs_table"):
+        lines += ["", "tune's cost cells against the table's cells of the same servers (step time, C x acceptance "
+                  "/ tok/s; the error as a rate):", "",
+                  "| server | C | cost step ms | table step ms | cost rate vs table |", "|---|---|---|---|---|"]
+        lines += [f"| {r['server']} | {r['concurrency']} | {r['cost_step_ms']:.2f} | {r['table_step_ms']:.2f} | "
+                  f"{100 * r['rate_error']:+.1f}% |" for r in result["costs_vs_table"]]
+        errors = [r["rate_error"] for r in result["costs_vs_table"]]
+        lines += ["", f"Median {100 * median(errors):+.1f}% over {len(errors)} cells "
+                  f"({sum(e < 0 for e in errors)} under the table)."]
     return "\n".join(lines) + "\n"
 
 
@@ -506,10 +626,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed", type=Path, required=True, action="append",
                         help="e2e-runRUN.json of the speed run (repeatable: tables of the same servers are pooled)")
     parser.add_argument("--schedule-server", required=True, help="the speed table's server serving tune's schedule")
+    parser.add_argument("--served", type=Path, metavar="TUNE.json",
+                        help="the tune file the schedule server served, when --tune is another tune (costs measured "
+                        "in the table's call) that predicts it")
     parser.add_argument("--out", type=Path, help="write the result JSON here (and .md beside it)")
     args = parser.parse_args(argv)
     try:
-        result = check(args.tune, args.speed, args.schedule_server)
+        result = check(args.tune, args.speed, args.schedule_server, args.served)
         # In the try too: a value of the wrong type (a string tok/s) only fails where it is formatted.
         text = markdown(result)
         if args.out:

@@ -361,6 +361,9 @@ def test_a_tune_file_that_chose_the_chain_everywhere_starts_no_schedule_server(s
     ({"t": {"g": {"trace": "dflash-eager", "costs": ["dflash-eager"]}}}, "dflash-eager is no DDTree server"),
     ({"t": {"g": {"trace": "ddtree-b8-k4-real", "costs": []}, "h": {"trace": "ddtree-b8-k4-real", "costs": []}}},
      "two groups trace one server"),
+    ({"t": {"g": {"trace_from": "weak", "costs": []}}}, "t/g: \"trace_from\" (costs inside the speed table) needs a speed run"),
+    ({"t": {"g": {"trace": "ddtree-b8-k4-real", "trace_from": "weak", "costs": []}}}, "t/g: expected {\"trace\": SERVER or"),
+    ({"t": {"g": {"trace_from": "../weak", "costs": []}}}, "t/g: expected {\"trace\": SERVER or"),
 ])
 def test_a_bad_tune_group_is_one_line_and_leaves_no_out(setup, tunes, message):
     tmp_path, models, matrix = setup
@@ -446,3 +449,65 @@ def test_cost_settings_that_measure_nothing_are_refused_before_anything_starts(s
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--cost-repeats must be >= 1 and --cost-seconds > 0" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tune_keeps_the_trace_it_read_for_a_later_calls_table_group(tmp_path):
+    """The trace server goes on appending to its live trace: what a group's tune read is kept in
+    WORK, and a table group of a later run tunes on that copy."""
+    import argparse
+    import tarfile
+
+    from k26_ddtree.gpu import tuning
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    args = argparse.Namespace(work=work, out=out, models=tmp_path / "models", cost_seconds=0.2, cost_repeats=1)
+    (work / "trace-weak.k26").write_text("the steps tune read")
+    said = []
+    tracing = tuning.TuneGroup("weak", "ddtree-b8-k4-weak", ())
+    tuning.costs_and_tune([], [tracing], args, [[3, 4]], 8, time.time() + 120, said.append)
+    (work / "trace-weak.k26").write_text("the steps tune read, and the table's after them")
+    assert (work / "tuned-trace-weak.k26").read_text() == "the steps tune read"
+    table = tuning.TuneGroup("weak-table", "", (), trace_from="weak")
+    tuning.costs_and_tune([], [table], args, [[3, 4]], 8, time.time() + 120, said.append)
+    with tarfile.open(out / "tune.tar.xz") as archive:
+        assert archive.extractfile("tune/weak-table/trace.k26").read() == b"the steps tune read"
+    assert said == ["tune weak: no costs; not run", "tune weak-table: no costs; not run"]
+    (work / "tuned-trace-weak.k26").unlink()
+    tuning.costs_and_tune([], [table], args, [[3, 4]], 8, time.time() + 120, said.append)
+    assert said[-1] == "tune weak-table: no trace (no earlier run of this machine tuned group weak); not run"
+
+
+def test_a_table_group_measures_its_costs_inside_the_speed_table(setup):
+    """A speed run's table group: after the middle round of each greedy cell, one closed loop at that
+    cell's C per cost server, the order rotated with C; the table's servers are not restarted to
+    trace; tune runs at the end on the trace an earlier run's group tuned on."""
+    import tarfile
+
+    tmp_path, models, matrix = setup
+    spec = json.loads(speed_matrix(tmp_path, matrix).read_text())
+    spec["tunes"] = {"s": {"weak-table": {"trace_from": "weak", "costs": ["dflash", "ddtree-b8-k4-weak"]}}}
+    path = tmp_path / "table-matrix.json"
+    path.write_text(json.dumps(spec))
+    (models / "target").mkdir()
+    (models / "target" / "config.json").write_text(json.dumps({"vocab_size": 2048}))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "tuned-trace-weak.k26").write_text("not a trace")
+    done, report = run_e2e(tmp_path, models, path, {}, "--patched-site", str(STANDIN), "--cost-seconds", "0.2", run="s")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert report["overall"] == "PASS" and "traced in this run" not in done.stdout
+    with tarfile.open(tmp_path / "out" / "tune.tar.xz") as archive:
+        costs = json.load(archive.extractfile("tune/weak-table/costs.json"))
+        assert archive.extractfile("tune/weak-table/trace.k26").read() == b"not a trace"
+    runs = [(run["label"], [c["concurrency"] for c in run["cells"]]) for run in costs["runs"]]
+    # greedy-c1 and greedy-c4 (sample-c4 is no greedy cell): C=1 is tune's first C, 4 its second.
+    assert runs == [("dflash", [1]), ("ddtree-b8-k4-weak", [1]), ("ddtree-b8-k4-weak", [4]), ("dflash", [4])]
+    started = {(c["server"], c["cell"]): c["repeat_started"] for c in report["speed"]}
+    for run, cell in zip(costs["runs"], ["greedy-c1", "greedy-c1", "greedy-c4", "greedy-c4"]):
+        # After round 2 of the cell's 3 (bench stamps whole seconds).
+        stamp = datetime.datetime.strptime(run["started_at"], "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+        rounds = [times for (_, name), times in started.items() if name == cell]
+        assert max(t[1] for t in rounds) < stamp + 1 and stamp <= min(t[2] for t in rounds), (run, rounds)
+    assert "tune weak-table costs in greedy-c4 dflash: exit 0" in done.stdout and "% stolen)" in done.stdout
+    assert "tune weak-table: exit 2" in done.stdout

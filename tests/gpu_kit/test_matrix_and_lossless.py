@@ -102,11 +102,12 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     spec = matrix.load(MATRIX)
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
-                                       "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa"}
+                                       "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa",
+                                       "wide-speed-costed"}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
                         ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid"),
-                        ("chain-aa", "wide-tune-mid")):
+                        ("chain-aa", "wide-tune-mid"), ("wide-speed-costed", "wide-tune")):
         tuned = {"ddtree-stuned-weak-spine", "ddtree-stunedweak-weak-spine", "ddtree-stunedreal-real-spine",
                  "ddtree-stunedmid-mid-spine"}
         assert set(runs[run]) - tuned <= set(runs[source])
@@ -126,6 +127,10 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     assert speed.SpeedSpec.from_matrix(spec, "wide-speed-mid").repeats == spec["speed"]["repeats"]
     assert list(speed.SpeedSpec.from_matrix(spec, "chain-aa").cells) == ["greedy-c16"]
     assert max(spec["run_settings"]["prove"]["cuda_graph_bs"]) >= 64
+    # The costs inside the table: the trace wide-tune's group tuned on, the same tune arguments.
+    table = spec["tunes"]["wide-speed-costed"]["weak-table"]
+    assert table["trace_from"] in spec["tunes"]["wide-tune"] and set(table["costs"]) <= set(runs["wide-speed-costed"])
+    assert table["args"] == spec["tunes"]["wide-tune"][table["trace_from"]]["args"]
 
 
 def test_drafter_kinds_pick_their_checkpoint_and_servers_sleep_when_idle():

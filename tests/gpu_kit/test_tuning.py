@@ -289,3 +289,50 @@ def test_session_9s_weak_drafter_check_is_what_the_tool_prints():
     same = {r["concurrency"]: r for r in result["same_table"] if r["server"] == "ddtree-stuned-weak-spine"}
     assert max(abs(r["tok_s_error"]) for r in same.values()) == pytest.approx(0.102, abs=0.001)
     assert (S9 / "tune-check-pooled.md").read_text() == tuning.markdown(result)
+
+
+def test_the_cost_cells_are_set_against_the_tables_cells_of_the_same_servers():
+    """Session 9: tune's costs (call 1) against the pooled tables (calls 2 and 3), as rates."""
+    tables = [S9 / run / "e2e-runwide-speed.json" for run in ("wide-speed", "wide-speed-2")]
+    result = tuning.check(S9 / "wide-tune" / "tune" / "weak" / "tune.json", tables, "ddtree-stuned-weak-spine")
+    rows = {(r["server"], r["concurrency"]): r for r in result["costs_vs_table"]}
+    assert len(rows) == 12, "DFLASH, b8 and b32 were costed (b16 did not start) at 4 C; b16 has no cost of its own"
+    dflash = rows[("dflash-weak", 64)]
+    assert dflash["cost_step_ms"] == pytest.approx(72.935, abs=0.001)
+    assert dflash["table_step_ms"] == pytest.approx(1000 * 64 * 4.267 / ((4954.9 + 5124.1) / 2), rel=1e-3)
+    assert dflash["rate_error"] == pytest.approx(dflash["table_step_ms"] / dflash["cost_step_ms"] - 1)
+    assert "Median -12.5% over 12 cells (12 under the table)." in tuning.markdown(result)
+
+
+def _shifted(tune: dict, factor: float, drop: str | None = None) -> dict:
+    """A copy of a tune file whose every predicted rate is `factor` times the original's."""
+    out = json.loads(json.dumps(tune))
+    out["predictions"] = [row for row in out["predictions"] if row["config"] != drop]
+    for row in out["predictions"]:
+        for cell in row["predicted"].values():
+            cell["tok_s"] *= factor
+    return out
+
+
+def test_a_schedule_served_from_one_tune_is_predicted_by_another(tmp_path):
+    """--served: the schedule server serves the first tune's picks; a later tune (on costs measured in
+    the table's call) predicts those very configs, whatever it would pick itself."""
+    served = S9 / "wide-tune" / "tune" / "weak" / "tune.json"
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps(_shifted(json.loads(served.read_text()), 1.1)))
+    table = S9 / "wide-speed-2" / "e2e-runwide-speed.json"
+    alone = tuning.check(served, [table], "ddtree-stuned-weak-spine")
+    both = tuning.check(later, [table], "ddtree-stuned-weak-spine", served)
+    pick = {(r["server"], r["concurrency"]): r for r in alone["rows"]}
+    for row in both["rows"]:
+        assert row["predicted_tok_s"] == pytest.approx(1.1 * pick[(row["server"], row["concurrency"])]["predicted_tok_s"])
+    assert [r["config"] for r in both["same_table"]] == [r["config"] for r in alone["same_table"]]
+    assert both["served"] == str(served) and "served" not in alone
+    assert f"The schedule server served {served}" in tuning.markdown(both)
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps(_shifted(json.loads(served.read_text()), 1.0, drop="b29k2-spine")))
+    proc = subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.tuning", "--tune", str(missing), "--speed", str(table),
+                           "--schedule-server", "ddtree-stuned-weak-spine", "--served", str(served)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "its config at C=4, b29k2-spine, has no prediction in the --tune file" in proc.stderr

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Regenerates every committed tune check (tune-check*.json and .md) with the current check tool:
+#   bash bench/results/regen-checks.sh [PYTHON]
+# Each runs from the folder its recorded table paths are relative to, as it was first written.
+set -euo pipefail
+PY=${1:-python3}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+check() {  # DIR TUNE SCHEDULE-SERVER OUT SPEED...
+  local dir=$1 tune=$2 server=$3 out=$4; shift 4
+  local speeds=()
+  for s in "$@"; do speeds+=(--speed "$s"); done
+  (cd "$ROOT/$dir" && PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.gpu.tuning --tune "$tune" "${speeds[@]}" \
+      --schedule-server "$server" --out "$out" > /dev/null)
+}
+R=bench/results
+check $R gpu-session4/wide-tune/tune.json ddtree-stuned-weak-spine gpu-session4/tune-check.json \
+  gpu-session4/wide-speed/e2e-runwide-speed.json
+check $R gpu-session5/wide-tune/tune.json ddtree-stuned-weak-spine gpu-session5/tune-check.json \
+  gpu-session5/wide-speed/e2e-runwide-speed.json
+check $R gpu-session5/wide-tune/tune.json ddtree-stuned-weak-spine gpu-session5/tune-check-recheck.json \
+  gpu-session5/wide-recheck/e2e-runwide-recheck.json
+check $R gpu-session6/tiny-tune/weak/tune.json ddtree-stunedweak-weak-spine gpu-session6/tune-check-weak.json \
+  gpu-session6/tiny-speed-weak/e2e-runtiny-speed-weak.json
+check $R gpu-session6/tiny-tune/real/tune.json ddtree-stunedreal-real-spine gpu-session6/tune-check-real.json \
+  gpu-session6/tiny-speed-real/e2e-runtiny-speed-real.json
+for t in wide-speed-mid wide-speed-mid-2; do
+  check $R/gpu-session7 wide-tune-mid/tune/mid/tune.json ddtree-stunedmid-mid-spine tune-check-$t.json \
+    $t/e2e-runwide-speed-mid.json
+done
+check $R/gpu-session7 wide-tune-mid/tune/mid/tune.json ddtree-stunedmid-mid-spine tune-check-pooled.json \
+  wide-speed-mid/e2e-runwide-speed-mid.json wide-speed-mid-2/e2e-runwide-speed-mid.json
+S8=$R/gpu-session8
+for t in wide-speed-mid wide-speed-mid-2; do
+  check . $S8/wide-tune-mid/tune/mid/tune.json ddtree-stunedmid-mid-spine $S8/tune-check-$t.json \
+    $S8/$t/e2e-runwide-speed-mid.json
+done
+check . $S8/wide-tune-mid/tune/mid/tune.json ddtree-stunedmid-mid-spine $S8/tune-check-pooled.json \
+  $S8/wide-speed-mid/e2e-runwide-speed-mid.json $S8/wide-speed-mid-2/e2e-runwide-speed-mid.json
+S9=$R/gpu-session9
+for t in wide-speed wide-speed-2; do
+  check . $S9/wide-tune/tune/weak/tune.json ddtree-stuned-weak-spine $S9/tune-check-$t.json $S9/$t/e2e-runwide-speed.json
+done
+check . $S9/wide-tune/tune/weak/tune.json ddtree-stuned-weak-spine $S9/tune-check-pooled.json \
+  $S9/wide-speed/e2e-runwide-speed.json $S9/wide-speed-2/e2e-runwide-speed.json
