@@ -42,3 +42,14 @@ for t in wide-speed wide-speed-2; do
 done
 check . $S9/wide-tune/tune/weak/tune.json ddtree-stuned-weak-spine $S9/tune-check-pooled.json \
   $S9/wide-speed/e2e-runwide-speed.json $S9/wide-speed-2/e2e-runwide-speed.json
+S10=$R/gpu-session10
+T10=$S10/wide-tune/tune/weak/tune.json
+check . $T10 ddtree-stuned-weak-spine $S10/tune-check-wide-speed.json $S10/wide-speed/e2e-runwide-speed.json
+check . $T10 ddtree-stuned-weak-spine $S10/tune-check-wide-speed-costed.json \
+  $S10/wide-speed-costed/e2e-runwide-speed-costed.json
+check . $T10 ddtree-stuned-weak-spine $S10/tune-check-pooled.json $S10/wide-speed/e2e-runwide-speed.json \
+  $S10/wide-speed-costed/e2e-runwide-speed-costed.json
+# The served schedule (call 1's tune) predicted by the tune on the costs measured inside the table.
+(cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.gpu.tuning --tune $S10/wide-speed-costed/tune/weak-table/tune.json \
+  --served $T10 --speed $S10/wide-speed-costed/e2e-runwide-speed-costed.json --schedule-server ddtree-stuned-weak-spine \
+  --out $S10/tune-check-costed.json > /dev/null)

@@ -53,6 +53,8 @@ TUNE_CONCURRENCY = (1, 4, 16, 64)
 GREEDY = "greedy-c"  # the speed cells tune is checked on: greedy-cC, at concurrency C
 # Every record of the last cell is in the file by then.
 TRACE_SETTLE_S = FLUSH_SECONDS + 1.0
+# How close tune's predicted tok/s must come to the table (issue 14's criterion).
+TOLERANCE = 0.10
 # What one tune takes after a speed table (it replays the trace: 10 s in session 9).
 TABLE_TUNE_S = 20
 
@@ -318,9 +320,22 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str, served
               "verdicts": _verdicts(cells, schedule_server, _chosen(served_best)),
               "same_table": same_table(served_best, predicted, cells, schedule_server),
               "costs_vs_table": costs_vs_table(tuned, cells, schedule_server)}
+    if len(speed_docs) > 1:
+        result["tables_agree"] = tables_agree(cells)
     if served_path is not None:
-        result["served"] = str(served_path)
+        result["served"] = {"path": str(served_path), "schedule": served.get("schedule")}
     return result
+
+
+def tables_agree(cells: dict) -> dict | None:
+    """How far the pooled tables' medians of each cell lie apart (largest over smallest, less 1):
+    an A/A pair of the whole measurement, the floor under any prediction's error."""
+    gaps = sorted(max(cell["table_medians"]) / min(cell["table_medians"]) - 1
+                  for by_c in cells.values() for cell in by_c.values() if len(cell["table_medians"]) > 1)
+    if not gaps:
+        return None
+    return {"cells": len(gaps), "within": sum(g <= TOLERANCE for g in gaps), "median_gap": median(gaps),
+            "largest_gap": gaps[-1]}
 
 
 def _served_best(served: dict, predicted: dict, served_path: Path | None) -> dict[int, dict]:
@@ -570,6 +585,10 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['server']} | {r['concurrency']} | {measured} | "
                      f"{num('predicted_tok_s', '.0f')} | {pct('tok_s_error')} | {num('measured_acceptance', '.2f')} | "
                      f"{num('predicted_acceptance', '.2f')} | {pct('acceptance_error')} |")
+    errors = [r["tok_s_error"] for r in result["rows"] if r.get("tok_s_error") is not None]
+    if errors:
+        lines += ["", f"tok/s within 10 %: {sum(abs(e) <= TOLERANCE for e in errors)} of {len(errors)} predictions "
+                  f"(median error {100 * median(errors):+.1f}%)."]
     lines += ["", "| C | schedule tok/s | best single | its tok/s | ×best | ×DFLASH |", "|---|---|---|---|---|---|"]
 
     def ratio(v: dict, key: str) -> str:
@@ -594,6 +613,12 @@ def markdown(result: dict) -> str:
                   "is a difference the table cannot tell from its own spread."]
     if len(result.get("tables", [])) > 1:
         lines += ["", f"Each measured cell: the mean of {len(result['tables'])} tables' medians (in brackets)."]
+        agree = result.get("tables_agree")
+        if agree:
+            lines += [f"The tables against each other (the same servers, measured again): their medians are within "
+                      f"10 % of each other in {agree['within']} of {agree['cells']} cells (median gap "
+                      f"{100 * agree['median_gap']:.1f}%, largest {100 * agree['largest_gap']:.1f}%). No prediction "
+                      "can be held closer than the measurement reproduces itself."]
     if result.get("same_table"):
         lines += ["", "tune's model on step times from this table (each single-config cell's C x acceptance / tok/s, "
                   "budgets between them interpolated; a server's own cell left out):", "",
@@ -603,8 +628,8 @@ def markdown(result: dict) -> str:
                   f"{', '.join(r['costed_from'])} | {r['measured_tok_s']:.0f} | "
                   f"{r['predicted_tok_s']:.0f} | {100 * r['tok_s_error']:+.1f}% |" for r in result["same_table"]]
     if result.get("served"):
-        lines += ["", f"The schedule server served {result['served']}; the predictions above are this tune's "
-                  "for those configs."]
+        lines += ["", f"The schedule server served {result['served']['schedule']}, another tune's choice; the "
+                  "predictions above are this tune's for those configs."]
     if result.get("costs_vs_table"):
         lines += ["", "tune's cost cells against the table's cells of the same servers (step time, C x acceptance "
                   "/ tok/s; the error as a rate):", "",

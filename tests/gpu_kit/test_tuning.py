@@ -327,8 +327,8 @@ def test_a_schedule_served_from_one_tune_is_predicted_by_another(tmp_path):
     for row in both["rows"]:
         assert row["predicted_tok_s"] == pytest.approx(1.1 * pick[(row["server"], row["concurrency"])]["predicted_tok_s"])
     assert [r["config"] for r in both["same_table"]] == [r["config"] for r in alone["same_table"]]
-    assert both["served"] == str(served) and "served" not in alone
-    assert f"The schedule server served {served}" in tuning.markdown(both)
+    assert both["served"] == {"path": str(served), "schedule": "1:32/2,2:29/2,8:21/2,32:9/2"} and "served" not in alone
+    assert "The schedule server served 1:32/2,2:29/2,8:21/2,32:9/2, another tune's choice" in tuning.markdown(both)
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps(_shifted(json.loads(served.read_text()), 1.0, drop="b29k2-spine")))
     proc = subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.tuning", "--tune", str(missing), "--speed", str(table),
@@ -336,3 +336,25 @@ def test_a_schedule_served_from_one_tune_is_predicted_by_another(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "its config at C=4, b29k2-spine, has no prediction in the --tune file" in proc.stderr
+
+
+S10 = RESULTS.parent / "gpu-session10"
+
+
+def test_session_10s_checks_are_what_the_tool_prints_and_the_tables_reproduce_as_tune_predicts():
+    """Session 10: tune's costs (call 1) predict the two tables of the same servers within 10 % in 15
+    of 20 pooled cells, while the two tables agree within 10 % in 12 of 20; the costs measured
+    inside table 2's call sit around it (median 0) and set no offset."""
+    tune = S10 / "wide-tune" / "tune" / "weak" / "tune.json"
+    tables = [S10 / "wide-speed" / "e2e-runwide-speed.json", S10 / "wide-speed-costed" / "e2e-runwide-speed-costed.json"]
+    pooled = tuning.check(tune, tables, "ddtree-stuned-weak-spine")
+    assert sum(abs(r["tok_s_error"]) <= 0.10 for r in pooled["rows"]) == 15
+    assert all(abs(r["acceptance_error"]) < 0.03 for r in pooled["rows"])
+    assert pooled["tables_agree"]["within"] == 12 and pooled["tables_agree"]["cells"] == 20
+    assert min(v["vs_dflash"] for v in pooled["verdicts"]) > 1
+    assert (S10 / "tune-check-pooled.md").read_text() == tuning.markdown(pooled)
+    costed = tuning.check(S10 / "wide-speed-costed" / "tune" / "weak-table" / "tune.json", tables[1:],
+                          "ddtree-stuned-weak-spine", tune)
+    errors = sorted(r["rate_error"] for r in costed["costs_vs_table"])
+    assert len(errors) == 12 and abs(errors[5] + errors[6]) / 2 < 0.01
+    assert (S10 / "tune-check-costed.md").read_text() == tuning.markdown(costed)
