@@ -5,11 +5,12 @@
 set -euo pipefail
 PY=${1:-python3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-check() {  # DIR TUNE SCHEDULE-SERVER OUT SPEED...
+check() {  # DIR TUNE SCHEDULE-SERVER OUT [--served TUNE] SPEED...
   local dir=$1 tune=$2 server=$3 out=$4; shift 4
-  local speeds=()
-  for s in "$@"; do speeds+=(--speed "$s"); done
-  (cd "$ROOT/$dir" && PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.gpu.tuning --tune "$tune" "${speeds[@]}" \
+  local extra=()
+  if [ "${1:-}" = --served ]; then extra=(--served "$2"); shift 2; fi
+  for s in "$@"; do extra+=(--speed "$s"); done
+  (cd "$ROOT/$dir" && PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.gpu.tuning --tune "$tune" "${extra[@]}" \
       --schedule-server "$server" --out "$out" > /dev/null)
 }
 R=bench/results
@@ -50,6 +51,5 @@ check . $T10 ddtree-stuned-weak-spine $S10/tune-check-wide-speed-costed.json \
 check . $T10 ddtree-stuned-weak-spine $S10/tune-check-pooled.json $S10/wide-speed/e2e-runwide-speed.json \
   $S10/wide-speed-costed/e2e-runwide-speed-costed.json
 # The served schedule (call 1's tune) predicted by the tune on the costs measured inside the table.
-(cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.gpu.tuning --tune $S10/wide-speed-costed/tune/weak-table/tune.json \
-  --served $T10 --speed $S10/wide-speed-costed/e2e-runwide-speed-costed.json --schedule-server ddtree-stuned-weak-spine \
-  --out $S10/tune-check-costed.json > /dev/null)
+check . $S10/wide-speed-costed/tune/weak-table/tune.json ddtree-stuned-weak-spine $S10/tune-check-costed.json \
+  --served $T10 $S10/wide-speed-costed/e2e-runwide-speed-costed.json

@@ -502,6 +502,8 @@ class MatrixRun:
         names = [n for n in names if n not in self.not_started]
         self.servers = [Server(matrix.parse_server(n, self.schedules), 0, self.logs / f"{n}.log") for n in names]
         self.tunes, self.tune_notes = tuning.groups(self.spec, str(args.run), names)
+        self.tunes, kept_notes = tuning.with_kept_traces(self.tunes, args.work, time.time())
+        self.tune_notes += kept_notes
         args.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.state = args.work / "servers.json"
@@ -648,7 +650,7 @@ class MatrixRun:
             site = ddtree_site if server.spec.algo == "DDTREE" else args.site
             self.envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
             for group in self.tunes:
-                if group.trace and server.spec.name == group.trace:
+                if server.spec.name == group.trace:
                     self.envs[server.spec.name][TRACE_ENV] = str(group.trace_file(args.work))
             if server.spec.oracle:
                 self.envs[server.spec.name][ORACLE_ENV] = str(self.oracle_path)
@@ -758,17 +760,17 @@ class MatrixRun:
         skip = set(self.spec["speed"].get("skip", {}).get(str(self.args.run), []))
         ready = [s for s in self.servers if s.status == "ready" and s.spec.name not in skip]
         spec = speed.SpeedSpec.from_matrix(self.spec, self.args.run)
-        table = [group for group in self.tunes if group.trace_from]
-        # After the table, each table group's tune.
-        end = self.deadline - 12 - tuning.TABLE_TUNE_S * len(table)
-        costs = tuning.TableCosts(self.servers, table, self.args, self.prompts, self.spec["new_tokens"], end,
-                                  say) if table else None
-        # What the report still needs: stopping kept servers is not needed, the rest is quick.
+        table_groups = [group for group in self.tunes if group.trace_from]
+        # What the report still needs: stopping kept servers is not needed, the rest is quick; and
+        # a table group's costs are worth nothing unless its tune still runs after the table.
+        table_end = self.deadline - 12 - tuning.TABLE_TUNE_S * len(table_groups)
+        table_costs = tuning.TableCosts(self.servers, table_groups, self.args, self.prompts, self.spec["new_tokens"],
+                                        table_end, say) if table_groups else None
         self.speed = speed.measure(ready, spec, self.prompts, self.reference,
                                    lambda url, ids, params: post_json(url + "/generate",
                                                                       {"input_ids": ids, "sampling_params": params},
                                                                       timeout=max(5.0, self.time_left())),
-                                   end, say, costs.after_round if costs else None)
+                                   table_end, say, table_costs.after_round if table_costs else None)
         for server in ready:
             if not server.alive():
                 server.status = f"crashed during the speed cells (exit {server.exit_code()})"

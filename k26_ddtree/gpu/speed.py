@@ -187,15 +187,16 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu), replies
 
 
-AfterRound = Callable[[str, dict, int, int], None]
+AfterRound = Callable[[str, dict, int, int, float], None]
 
 
 def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,
             deadline: float, say: Callable[[str], None], after_round: AfterRound | None = None) -> list[dict]:
     """The summaries (CellResult.summary) of every cell of `spec` on every server (objects with
     .spec.name, .spec.speculative, .url), interleaved; rounds the deadline leaves no time
-    for are not started, and the cell says so. after_round(cell name, cell, round, rounds), if
-    given, runs after each round (the costs measured inside the table: tuning.TableCosts)."""
+    for are not started, and the cell says so. after_round(cell name, cell, round, rounds,
+    seconds the cell's remaining rounds need), if given, runs after each round (the costs
+    measured inside the table: tuning.TableCosts)."""
     results = []
     speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
@@ -226,7 +227,8 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
                         ((index, reply.get("output_ids") or []) for index, reply in replies if "error" not in reply),
                         reference, spec.eps)
             if after_round is not None:
-                after_round(cell_name, cell, r, spec.repeats)
+                after_round(cell_name, cell, r, spec.repeats,
+                            (spec.repeats - r - 1) * len(servers) * (spec.min_seconds + longest))
         for result in by_server.values():
             s = result.summary(speculative[result.server])
             say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "

@@ -103,6 +103,17 @@ def tuned_trace(work: Path, group: str) -> Path:
 GROUP_NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 
+def _group_shape(group) -> bool:
+    """A matrix "tunes" group: exactly one of a trace server (a name) and an earlier group to take
+    the trace from, the cost servers, and tune's optional arguments."""
+    if not isinstance(group, dict) or not _strings(group.get("costs")) or not _strings(group.get("args", [])):
+        return False
+    trace, source = group.get("trace"), group.get("trace_from")
+    if source is None:
+        return isinstance(trace, str) and bool(trace)
+    return trace is None and isinstance(source, str) and bool(GROUP_NAME.fullmatch(source))
+
+
 def _strings(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -119,15 +130,13 @@ def groups(spec: dict, run: str, started: list[str]) -> tuple[list[TuneGroup], l
         where = f"matrix \"tunes\" {run}/{name}"
         if not GROUP_NAME.fullmatch(name):
             raise UserError(f"{where}: a group name is a lowercase letter, then lowercase letters, digits or '-'")
-        source = group.get("trace_from") if isinstance(group, dict) else None
-        if not (isinstance(group, dict) and (isinstance(group.get("trace"), str)) != (source is not None)
-                and (source is None or (isinstance(source, str) and GROUP_NAME.fullmatch(source)))
-                and _strings(group.get("costs")) and _strings(group.get("args", []))):
+        if not _group_shape(group):
             raise UserError(f"{where}: expected {{\"trace\": SERVER or \"trace_from\": GROUP, \"costs\": [SERVER, ...], "
-                            "\"args\": [TUNE ARGUMENT, ...]}} (args optional)")
+                            "\"args\": [TUNE ARGUMENT, ...]} (args optional)")
+        source = group.get("trace_from")
         if source is not None and not speed_run:
             raise UserError(f"{where}: \"trace_from\" (costs inside the speed table) needs a speed run")
-        found = TuneGroup(name, group.get("trace", ""), tuple(group["costs"]), tuple(group.get("args", [])),
+        found = TuneGroup(name, group.get("trace") or "", tuple(group["costs"]), tuple(group.get("args", [])),
                           source or "")
         missing = [s for s in (*([found.trace] if found.trace else []), *found.costs) if s not in in_run]
         if missing:
@@ -149,11 +158,37 @@ def groups(spec: dict, run: str, started: list[str]) -> tuple[list[TuneGroup], l
     return out, notes
 
 
-def _bench_args(args, prompts: list[list[int]], new_tokens: int, levels: str) -> list[str]:
+def with_kept_traces(tunes: list[TuneGroup], work: Path, now: float) -> tuple[list[TuneGroup], list[str]]:
+    """The groups whose trace is at hand, and a note for each table group: left out when no earlier
+    run of this machine kept its trace (before any cost loop is spent on it), else how old it is."""
+    out, notes = [], []
+    for group in tunes:
+        if group.trace_from:
+            kept = tuned_trace(work, group.trace_from)
+            if not kept.is_file():
+                notes.append(f"tune {group.name}: left out, no earlier run of this machine tuned group "
+                             f"{group.trace_from} ({kept} is missing)")
+                continue
+            notes.append(f"tune {group.name}: tunes on the trace group {group.trace_from} tuned on "
+                         f"{(now - kept.stat().st_mtime) / 60:.0f} min ago")
+        out.append(group)
+    return out, notes
+
+
+def _bench_args(prompt_set: Path, new_tokens: int, cost_seconds: float, levels: str) -> list[str]:
     """`bench run` arguments of one cost measurement: the run's prompts and tokens per request in a
     closed loop at each of `levels`, one repeat (the repeats are rounds across the cost servers)."""
-    return ["--concurrency", levels, "--prompt-set", str(write_prompt_set(args.work / "prompts.jsonl", prompts)),
-            "--output-len", str(new_tokens), "--steady", str(args.cost_seconds), "--repeats", "1", "--quiet"]
+    return ["--concurrency", levels, "--prompt-set", str(prompt_set), "--output-len", str(new_tokens),
+            "--steady", str(cost_seconds), "--repeats", "1", "--quiet"]
+
+
+def _rotated(names: tuple[str, ...], turn: int) -> list[str]:
+    """The cost servers in order from the `turn`th: each round (or C) starts at another server, so
+    that no server always runs first, right after the table's repeats or the previous round."""
+    if not names:
+        return []
+    turn %= len(names)
+    return list(names[turn:] + names[:turn])
 
 
 class TableCosts:
@@ -161,25 +196,27 @@ class TableCosts:
     another call carry whatever the machine did differently then, and in one call they share the
     table's minutes. After the middle round of each greedy cell at a tune concurrency C, one closed
     loop at C per cost server (the order rotated with C), into OUT/tune/GROUP/costs.json;
-    costs_and_tune then tunes on them. A cost round stops short while 20 s are left before
-    `deadline`, and each loop is as long as one of the table's repeats."""
+    costs_and_tune then tunes on them. The loops leave the cell's remaining rounds their time,
+    and none starts with less than 20 s before that; each lasts --cost-seconds and whole prompt
+    cycles, as a table repeat lasts min_seconds and whole cycles."""
 
     def __init__(self, servers, groups: list[TuneGroup], args, prompts: list[list[int]], new_tokens: int,
                  deadline: float, say):
         self.servers, self.groups, self.args, self.deadline, self.say = servers, groups, args, deadline, say
-        self.prompts, self.new_tokens = prompts, new_tokens
+        self.prompt_set = write_prompt_set(args.work / "prompts.jsonl", prompts)
+        self.new_tokens = new_tokens
 
-    def after_round(self, cell_name: str, cell: dict, r: int, rounds: int) -> None:
+    def after_round(self, cell_name: str, cell: dict, r: int, rounds: int, rest_s: float) -> None:
         c = int(cell["concurrency"])
         if r != rounds // 2 or float(cell["temperature"]) != 0.0 or c not in TUNE_CONCURRENCY:
             return
-        bench = _bench_args(self.args, self.prompts, self.new_tokens, str(c))
+        bench = _bench_args(self.prompt_set, self.new_tokens, self.args.cost_seconds, str(c))
         for group in self.groups:
             out = self.args.out / "tune" / group.name
             out.mkdir(parents=True, exist_ok=True)
-            turn = TUNE_CONCURRENCY.index(c) % len(group.costs) if group.costs else 0
-            bench_servers(self.servers, list(group.costs[turn:] + group.costs[:turn]), out / "costs.json",
-                          out / "tune.log", bench, self.deadline, f"tune {group.name} costs in {cell_name}", self.say)
+            bench_servers(self.servers, _rotated(group.costs, TUNE_CONCURRENCY.index(c)), out / "costs.json",
+                          out / "tune.log", bench, self.deadline - rest_s, f"tune {group.name} costs in {cell_name}",
+                          self.say)
 
 
 def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int]], new_tokens: int,
@@ -197,9 +234,8 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
             source = tuned_trace(args.work, group.trace_from) if group.trace_from else group.trace_file(args.work)
             if source.is_file():
                 shutil.copyfile(source, root / group.name / "trace.k26")
-                if group.trace:
-                    shutil.copyfile(root / group.name / "trace.k26", tuned_trace(args.work, group.name))
-        bench = _bench_args(args, prompts, new_tokens, levels)
+        bench = _bench_args(write_prompt_set(args.work / "prompts.jsonl", prompts), new_tokens, args.cost_seconds,
+                            levels)
         for i, group in enumerate(tunes):
             out = root / group.name
             costs = out / "costs.json"
@@ -210,11 +246,11 @@ def costs_and_tune(servers, tunes: list[TuneGroup], args, prompts: list[list[int
                 # (Each round's loop starts at prompt 0, where back-to-back repeats started one
                 # prompt on: a loop covers whole cycles of the prompts either way.)
                 # This tune and every later group's need a minute each.
-                turn = r % len(group.costs) if group.costs else 0
-                bench_servers(servers, list(group.costs[turn:] + group.costs[:turn]), costs, out / "tune.log", bench,
+                bench_servers(servers, _rotated(group.costs, r), costs, out / "tune.log", bench,
                               deadline - 60 * (len(tunes) - i),
                               f"tune {group.name} costs, round {r + 1}/{args.cost_repeats}", say)
-            _tune(args, group, out, costs, levels, deadline, say)
+            # A table group plans for the C its loops measured: a cell the deadline cut has none.
+            _tune(args, group, out, costs, None if group.trace_from else levels, deadline, say)
     finally:
         # One file back from the device (it brings back at most 8): costs, traces, tune's outputs.
         if root.is_dir():
@@ -244,7 +280,9 @@ def bench_servers(servers, names: list[str], results: Path, log: Path, extra: li
         say(f"{what} {name}: exit {rc} ({time.time() - t:.0f} s{host})")
 
 
-def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str, deadline: float, say) -> None:
+def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str | None, deadline: float, say) -> None:
+    """`k26-deploy tune` on the group's trace and costs, at `levels` (None: every C the costs
+    measured). On success its JSON, and for a tracing group the trace it read, stay in WORK."""
     trace = out / "trace.k26"
     if not trace.is_file() or not costs.is_file():
         missing = "costs" if trace.is_file() else "trace"
@@ -253,8 +291,8 @@ def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str, deadline:
         say(f"tune {group.name}: no {missing}; not run")
         return
     cmd = [sys.executable, "-m", "k26_ddtree", "tune", "--trace", str(trace), "--costs", str(costs),
-           "--concurrency", levels, "--model", str(args.models / "target"), "--out", str(out / "tune.json"),
-           "--plot", str(out / "tune.png"), *group.args]
+           *(["--concurrency", levels] if levels else []), "--model", str(args.models / "target"),
+           "--out", str(out / "tune.json"), "--plot", str(out / "tune.png"), *group.args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
@@ -264,6 +302,8 @@ def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str, deadline:
     say(f"tune {group.name}: exit {proc.returncode}\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-6:]))
     if proc.returncode == 0:
         shutil.copyfile(out / "tune.json", args.work / f"tune-{group.name}.json")
+        if group.trace:
+            shutil.copyfile(trace, tuned_trace(args.work, group.name))
 
 
 def _served_config(name: str) -> str | None:
@@ -282,6 +322,8 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str, served
     of the same servers (back-to-back calls) are pooled: each cell is the mean of its tables' medians.
     served_path: the tune file whose schedule the schedule server served, when another tune (on
     costs measured later, in the table's call) predicts it; by default the one of tune_path."""
+    if len({Path(p).resolve() for p in speed_paths}) != len(speed_paths):
+        raise UserError("the same speed table is given twice: pool only different tables of the same servers")
     try:
         tuned = read_json(tune_path)
         served = tuned if served_path is None else read_json(served_path)
@@ -292,8 +334,8 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str, served
     for row in tuned["predictions"]:
         key = "DFLASH" if row["dflash_chain"] else row["config"]
         predicted[key] = row
-    served_best = _served_best(served, predicted, served_path)
     cells = _pooled(speed_docs)
+    served_best = _served_best(served, predicted, served_path, set(cells.get(schedule_server, {})))
     # A server of the run that measured nothing (it did not start) is checked without verdicts; a
     # name no table knows is a mistake.
     known = set(cells) | {str(s.get("name")) for doc in speed_docs for s in doc.get("servers") or []
@@ -327,9 +369,19 @@ def check(tune_path: Path, speed_paths: list[Path], schedule_server: str, served
     return result
 
 
+def _mapping(value, what: str) -> dict:
+    """A tune file's object, {} where it has none; UserError for anything else."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"--tune: {what} is not an object")
+    return value
+
+
 def tables_agree(cells: dict) -> dict | None:
     """How far the pooled tables' medians of each cell lie apart (largest over smallest, less 1):
-    an A/A pair of the whole measurement, the floor under any prediction's error."""
+    the same servers measured again, an A/A pair of the whole measurement: what one table's
+    cells miss another's by."""
     gaps = sorted(max(cell["table_medians"]) / min(cell["table_medians"]) - 1
                   for by_c in cells.values() for cell in by_c.values() if len(cell["table_medians"]) > 1)
     if not gaps:
@@ -338,18 +390,30 @@ def tables_agree(cells: dict) -> dict | None:
             "largest_gap": gaps[-1]}
 
 
-def _served_best(served: dict, predicted: dict, served_path: Path | None) -> dict[int, dict]:
+def _served_best(served: dict, predicted: dict, served_path: Path | None, measured: set[int]) -> dict[int, dict]:
     """{C: what the schedule server serves there, with tune's prediction}: the served tune file's
-    pick at each C, predicted by --tune's model when that is another file."""
-    best = {int(p["concurrency"]): p.get("best") for p in served["per_concurrency"]}
+    pick at each C, predicted by --tune's model when that is another file (at each C the tables
+    measured the schedule server: those must have a prediction)."""
+    planned = served.get("per_concurrency") if isinstance(served, dict) else None
+    if not isinstance(planned, list) or not all(isinstance(p, dict) and "concurrency" in p for p in planned):
+        where = f"--served {served_path}" if served_path else "--tune"
+        raise UserError(f"{where}: not a tune file (no per_concurrency list of planned concurrencies)")
+    best = {int(p["concurrency"]): p.get("best") for p in planned}
     if served_path is None:
         return best
     out = {}
     for c, pick in best.items():
-        key = isinstance(pick, dict) and ("DFLASH" if pick.get("dflash_chain") else pick.get("config"))
-        row = predicted.get(key) if key else None
+        if not isinstance(pick, dict):
+            if c in measured:
+                raise UserError(f"--served {served_path}: it chose no config at C={c}")
+            continue
+        key = "DFLASH" if pick.get("dflash_chain") else pick.get("config")
+        row = predicted.get(key)
         if row is None or str(c) not in row["predicted"]:
-            raise UserError(f"--served {served_path}: its config at C={c}, {key}, has no prediction in the --tune file")
+            if c in measured:
+                raise UserError(f"--served {served_path}: its config at C={c}, {key}, has no prediction in the "
+                                "--tune file")
+            continue
         out[c] = {**pick, "acceptance": row["acceptance"], "tok_s": row["predicted"][str(c)]["tok_s"]}
     return out
 
@@ -358,7 +422,9 @@ def costs_vs_table(tuned: dict, cells: dict, schedule_server: str) -> list[dict]
     """tune's cost cells (its `measured` step times) against the table's cells of the servers that
     serve those configs, as rates: what the costs' bench loops and the table's repeats measured of
     the same servers. In one call this is the two clients' A/A pair; across calls it adds the machine's drift."""
-    measured = tuned.get("measured") or {}
+    measured = _mapping(tuned.get("measured"), "measured")
+    chain = _mapping(measured.get("dflash_step_ms"), "measured.dflash_step_ms")
+    trees = _mapping(measured.get("ddtree_step_ms"), "measured.ddtree_step_ms")
     rows = []
     for server, by_c in sorted(cells.items()):
         config = _served_config(server)
@@ -366,9 +432,12 @@ def costs_vs_table(tuned: dict, cells: dict, schedule_server: str) -> list[dict]
             continue
         for c, cell in sorted(by_c.items()):
             if config == "DFLASH":
-                cost_ms = (measured.get("dflash_step_ms") or {}).get(str(c))
+                cost_ms = chain.get(str(c))
             else:
-                cost_ms = ((measured.get("ddtree_step_ms") or {}).get(str(c)) or {}).get(str(parse_server(server).budget))
+                at_c = _mapping(trees.get(str(c)), f"measured.ddtree_step_ms.{c}")
+                cost_ms = at_c.get(str(parse_server(server).budget))
+            if cost_ms is not None and not isinstance(cost_ms, (int, float)):
+                raise UserError(f"--tune: measured step time {cost_ms!r} of {server} at C={c} is not a number")
             if not cost_ms or not cell.get("accept_length"):
                 continue
             table_ms = 1000 * c * cell["accept_length"] / cell["median_tok_s"]
@@ -617,8 +686,8 @@ def markdown(result: dict) -> str:
         if agree:
             lines += [f"The tables against each other (the same servers, measured again): their medians are within "
                       f"10 % of each other in {agree['within']} of {agree['cells']} cells (median gap "
-                      f"{100 * agree['median_gap']:.1f}%, largest {100 * agree['largest_gap']:.1f}%). No prediction "
-                      "can be held closer than the measurement reproduces itself."]
+                      f"{100 * agree['median_gap']:.1f}%, largest {100 * agree['largest_gap']:.1f}%): how far one "
+                      "table reproduces another."]
     if result.get("same_table"):
         lines += ["", "tune's model on step times from this table (each single-config cell's C x acceptance / tok/s, "
                   "budgets between them interpolated; a server's own cell left out):", "",

@@ -364,6 +364,8 @@ def test_a_tune_file_that_chose_the_chain_everywhere_starts_no_schedule_server(s
     ({"t": {"g": {"trace_from": "weak", "costs": []}}}, "t/g: \"trace_from\" (costs inside the speed table) needs a speed run"),
     ({"t": {"g": {"trace": "ddtree-b8-k4-real", "trace_from": "weak", "costs": []}}}, "t/g: expected {\"trace\": SERVER or"),
     ({"t": {"g": {"trace_from": "../weak", "costs": []}}}, "t/g: expected {\"trace\": SERVER or"),
+    ({"t": {"g": {"trace": "", "costs": []}}}, "t/g: expected {\"trace\": SERVER or"),
+    ({"t": {"g": {"trace": 5, "trace_from": "weak", "costs": []}}}, "(args optional)"),
 ])
 def test_a_bad_tune_group_is_one_line_and_leaves_no_out(setup, tunes, message):
     tmp_path, models, matrix = setup
@@ -453,29 +455,50 @@ def test_cost_settings_that_measure_nothing_are_refused_before_anything_starts(s
 
 def test_a_tune_keeps_the_trace_it_read_for_a_later_calls_table_group(tmp_path):
     """The trace server goes on appending to its live trace: what a group's tune read is kept in
-    WORK, and a table group of a later run tunes on that copy."""
+    WORK once that tune has run, and a table group of a later run tunes on that copy, at the C
+    its costs measured (session 10's trace and costs, tune for real)."""
     import argparse
+    import lzma
     import tarfile
 
     from k26_ddtree.gpu import tuning
 
+    s10 = REPO / "bench" / "results" / "gpu-session10"
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
-    args = argparse.Namespace(work=work, out=out, models=tmp_path / "models", cost_seconds=0.2, cost_repeats=1)
-    (work / "trace-weak.k26").write_text("the steps tune read")
+    # The trace names its model by the device's path; tune compares names, it reads no weights.
+    args = argparse.Namespace(work=work, out=out, models=Path("/tmp/k26/models-wide"), cost_seconds=0.2,
+                              cost_repeats=1)
+    trace = lzma.decompress((s10 / "wide-tune" / "tune" / "weak" / "trace.k26.xz").read_bytes())
+    (work / "trace-weak.k26").write_bytes(trace)
+    (out / "tune" / "weak").mkdir(parents=True)
+    (out / "tune" / "weak" / "costs.json").write_bytes(
+        lzma.decompress((s10 / "wide-tune" / "tune" / "weak" / "costs.json.xz").read_bytes()))
     said = []
-    tracing = tuning.TuneGroup("weak", "ddtree-b8-k4-weak", ())
+    tune_args = ("--spine=on", "--min-budget=8", "--max-budget=32")
+    tracing = tuning.TuneGroup("weak", "ddtree-b8-k4-weak-spine", (), tune_args)
     tuning.costs_and_tune([], [tracing], args, [[3, 4]], 8, time.time() + 120, said.append)
-    (work / "trace-weak.k26").write_text("the steps tune read, and the table's after them")
-    assert (work / "tuned-trace-weak.k26").read_text() == "the steps tune read"
-    table = tuning.TuneGroup("weak-table", "", (), trace_from="weak")
+    assert said[-1].startswith("tune weak: exit 0"), said
+    (work / "trace-weak.k26").write_bytes(trace + b"the table's steps after them")
+    assert (work / "tuned-trace-weak.k26").read_bytes() == trace
+    # Costs inside a table whose C=64 cell the deadline cut: tune plans for 1, 4 and 16.
+    costs = json.loads(lzma.decompress((s10 / "wide-speed-costed" / "tune" / "weak-table" / "costs.json.xz").read_bytes()))
+    costs["runs"] = [run for run in costs["runs"] if run["cells"][0]["concurrency"] != 64]
+    (out / "tune" / "weak-table").mkdir(parents=True)
+    (out / "tune" / "weak-table" / "costs.json").write_text(json.dumps(costs))
+    table = tuning.TuneGroup("weak-table", "", (), tune_args, trace_from="weak")
+    groups, notes = tuning.with_kept_traces([table], work, time.time())
+    assert groups == [table] and notes == ["tune weak-table: tunes on the trace group weak tuned on 0 min ago"]
     tuning.costs_and_tune([], [table], args, [[3, 4]], 8, time.time() + 120, said.append)
+    assert said[-1].startswith("tune weak-table: exit 0"), said
     with tarfile.open(out / "tune.tar.xz") as archive:
-        assert archive.extractfile("tune/weak-table/trace.k26").read() == b"the steps tune read"
-    assert said == ["tune weak: no costs; not run", "tune weak-table: no costs; not run"]
+        assert archive.extractfile("tune/weak-table/trace.k26").read() == trace
+        planned = json.load(archive.extractfile("tune/weak-table/tune.json"))["per_concurrency"]
+    assert [p["concurrency"] for p in planned] == [1, 4, 16]
     (work / "tuned-trace-weak.k26").unlink()
-    tuning.costs_and_tune([], [table], args, [[3, 4]], 8, time.time() + 120, said.append)
-    assert said[-1] == "tune weak-table: no trace (no earlier run of this machine tuned group weak); not run"
+    groups, notes = tuning.with_kept_traces([table], work, time.time())
+    assert groups == [] and notes[0].startswith("tune weak-table: left out, no earlier run of this machine tuned "
+                                                "group weak (")
 
 
 def test_a_table_group_measures_its_costs_inside_the_speed_table(setup):

@@ -358,3 +358,28 @@ def test_session_10s_checks_are_what_the_tool_prints_and_the_tables_reproduce_as
     errors = sorted(r["rate_error"] for r in costed["costs_vs_table"])
     assert len(errors) == 12 and abs(errors[5] + errors[6]) / 2 < 0.01
     assert (S10 / "tune-check-costed.md").read_text() == tuning.markdown(costed)
+
+
+def test_a_served_c_no_table_measured_needs_no_prediction_and_bad_files_are_one_line(tmp_path):
+    served = json.loads((S9 / "wide-tune" / "tune" / "weak" / "tune.json").read_text())
+    served["per_concurrency"].append({"concurrency": 128, "best": {"config": "b99k2-spine", "dflash_chain": False}})
+    served_path = tmp_path / "served.json"
+    served_path.write_text(json.dumps(served))
+    table = S9 / "wide-speed-2" / "e2e-runwide-speed.json"
+    tune = S9 / "wide-tune" / "tune" / "weak" / "tune.json"
+    result = tuning.check(tune, [table], "ddtree-stuned-weak-spine", served_path)
+    assert sorted(r["concurrency"] for r in result["rows"] if r["server"] == "ddtree-stuned-weak-spine") == [1, 4, 16, 64]
+    measured_list = json.loads(tune.read_text())
+    measured_list["measured"] = []
+    bad_tune = tmp_path / "bad-tune.json"
+    bad_tune.write_text(json.dumps(measured_list))
+    not_tune = tmp_path / "not-tune.json"
+    not_tune.write_text(json.dumps({"schema": "k26-ddtree-bench/1", "runs": []}))
+    for extra, message in (
+            (["--tune", str(tune), "--speed", str(table), "--speed", str(table)], "the same speed table is given twice"),
+            (["--tune", str(bad_tune), "--speed", str(table)], "--tune: measured is not an object"),
+            (["--tune", str(tune), "--speed", str(table), "--served", str(not_tune)],
+             f"--served {not_tune}: not a tune file")):
+        proc = subprocess.run([sys.executable, "-m", "k26_ddtree.gpu.tuning", *extra, "--schedule-server",
+                               "ddtree-stuned-weak-spine"], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
