@@ -285,10 +285,8 @@ def _tune(args, group: TuneGroup, out: Path, costs: Path, levels: str | None, de
     measured). On success its JSON, and for a tracing group the trace it read, stay in WORK."""
     trace = out / "trace.k26"
     if not trace.is_file() or not costs.is_file():
-        missing = "costs" if trace.is_file() else "trace"
-        if not trace.is_file() and group.trace_from:
-            missing = f"trace (no earlier run of this machine tuned group {group.trace_from})"
-        say(f"tune {group.name}: no {missing}; not run")
+        # A table group's kept trace was checked at the start (with_kept_traces).
+        say(f"tune {group.name}: no {'costs' if trace.is_file() else 'trace'}; not run")
         return
     cmd = [sys.executable, "-m", "k26_ddtree", "tune", "--trace", str(trace), "--costs", str(costs),
            *(["--concurrency", levels] if levels else []), "--model", str(args.models / "target"),
@@ -438,12 +436,19 @@ def costs_vs_table(tuned: dict, cells: dict, schedule_server: str) -> list[dict]
                 cost_ms = at_c.get(str(parse_server(server).budget))
             if cost_ms is not None and not isinstance(cost_ms, (int, float)):
                 raise UserError(f"--tune: measured step time {cost_ms!r} of {server} at C={c} is not a number")
-            if not cost_ms or not cell.get("accept_length"):
+            table_s = _step_s(cell, c)
+            if not cost_ms or table_s is None:
                 continue
-            table_ms = 1000 * c * cell["accept_length"] / cell["median_tok_s"]
+            table_ms = 1000 * table_s
             rows.append({"server": server, "concurrency": c, "cost_step_ms": cost_ms, "table_step_ms": table_ms,
                          "rate_error": table_ms / cost_ms - 1})
     return rows
+
+
+def _step_s(cell: dict, c: int) -> float | None:
+    """A pooled cell's seconds per batch step, as tune reads a cost cell (C * acceptance / tok/s);
+    None for a cell that reports no acceptance (AR)."""
+    return c * cell["accept_length"] / cell["median_tok_s"] if cell.get("accept_length") else None
 
 
 def _table_steps(cells: dict, c: int, leave_out: str) -> tuple[dict[int, float], float | None]:
@@ -454,10 +459,9 @@ def _table_steps(cells: dict, c: int, leave_out: str) -> tuple[dict[int, float],
     chain = None
     for server, by_c in cells.items():
         cell = by_c.get(c)
-        if (server == leave_out or variant(server) != variant(leave_out) or _served_config(server) is None
-                or not cell or not cell.get("accept_length")):
+        step = _step_s(cell, c) if cell else None
+        if server == leave_out or variant(server) != variant(leave_out) or _served_config(server) is None or not step:
             continue
-        step = c * cell["accept_length"] / cell["median_tok_s"]
         spec = parse_server(server)
         if spec.algo == "DFLASH":
             chain = step
