@@ -7,6 +7,11 @@ from pathlib import Path
 _PACKAGE = Path(__file__).resolve().parent
 _SOURCE_ROOT = _PACKAGE.parent
 
+# What the toolkit reads at run time, as paths from the repository root. The wheel carries
+# exactly these (pyproject.toml's force-include, which a test holds to this list), and so does
+# the offline bundle: never results, the proving ground or the environment scripts.
+SHIPPED_DATA = (("patches",), ("deploy", "profiles"), ("services",), ("bench", "coding_tasks.yaml"))
+
 
 def data_path(*parts: str) -> Path:
     """Path of a shipped data folder or file, e.g. data_path("deploy", "profiles").

@@ -10,7 +10,7 @@ check() {  # DIR TUNE SCHEDULE-SERVER OUT [--served TUNE] SPEED...
   local extra=()
   if [ "${1:-}" = --served ]; then extra=(--served "$2"); shift 2; fi
   for s in "$@"; do extra+=(--speed "$s"); done
-  (cd "$ROOT/$dir" && PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.gpu.tuning --tune "$tune" "${extra[@]}" \
+  (cd "$ROOT/$dir" && PYTHONPATH="$ROOT" "$PY" -m proving_ground.tuning --tune "$tune" "${extra[@]}" \
       --schedule-server "$server" --out "$out" > /dev/null)
 }
 R=bench/results

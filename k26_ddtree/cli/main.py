@@ -17,13 +17,12 @@ from k26_ddtree import __version__
 from k26_ddtree.errors import UserError
 
 FAMILIES = (
-    "k26_ddtree.repro.cli",      # setup, snapshot, manifest, verify
+    "k26_ddtree.repro.cli",      # setup, snapshot, manifest, verify, bundle
     "k26_ddtree.patchset.cli",   # apply
     "k26_ddtree.deploy.cli",     # detect, render, install, reconfigure, status, wait-ready
     "k26_ddtree.fetch.cli",      # fetch-model, verify-model
     "k26_ddtree.bench.cli",      # bench run|report|sweep
     "k26_ddtree.tune.cli",       # tune
-    "k26_ddtree.gpu.cli",        # bundle, selftest
 )
 
 PROG = "k26-deploy"

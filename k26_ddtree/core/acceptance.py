@@ -3,8 +3,8 @@
 Under greedy decoding the committed text is the target's greedy continuation whatever the
 tree, so a step rooted at a position commits the longest path of its tree that matches that
 continuation, plus the bonus. With the drafter's top-K at a set of roots, every tree shape's
-acceptance there follows without running the target: the proving ground's offline table
-(k26_ddtree.gpu.acceptance) and `k26-deploy tune`'s replay of a server trace both stand on it.
+acceptance there follows without running the target. `k26-deploy tune`'s replay of a
+server trace stands on it, and so does any offline table of a known continuation.
 """
 
 from __future__ import annotations

@@ -56,6 +56,9 @@ DEFAULT_TOPK = 4
 DEFAULT_BUDGET = 8
 SUPPORTED_ATTENTION_BACKEND = "triton"
 TRACE_ENV = "K26_DDTREE_TRACE"
+# Test-only: "module:factory" of a top-K rewrite (draft.topk_hook_from_env), loaded by dotted
+# path so that the serving package never imports the code that provides one; unset in service.
+TOPK_HOOK_ENV = "K26_DDTREE_TOPK_HOOK"
 DEFAULT_TRACE_MAX_MB = 1024
 
 

@@ -25,6 +25,7 @@ topk; the tree takes the first topk of them through the same top-K graph path.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule
+from k26_ddtree.sglang.args import TOPK_HOOK_ENV, DDTreeConfig, DDTreeSchedule
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
 from k26_ddtree.sglang.trace import TOPK as TRACE_TOPK
 from k26_ddtree.sglang.trace import StepDraft, TraceWriter
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 
 ROWS_PER_CHUNK = 256
 
-# Test-only: names the oracle drafter's file (k26_ddtree.gpu.oracle); unset in service.
-TOPK_HOOK_ENV = "K26_DDTREE_ORACLE"
 
 TopKHook = Callable[[list, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
@@ -174,12 +173,18 @@ def merge_shards(
 
 
 def topk_hook_from_env() -> TopKHook | None:
-    """The test-only top-K rewrite (the oracle drafter) when TOPK_HOOK_ENV names its file, else None."""
-    if not os.environ.get(TOPK_HOOK_ENV):
-        return None
-    from k26_ddtree.gpu.oracle import Oracle
+    """The test-only top-K rewrite that TOPK_HOOK_ENV names as "module:factory", else None.
 
-    return Oracle.from_env(TOPK_HOOK_ENV).rewrite
+    factory() returns the hook. A value that names no callable stops the server at start-up:
+    a test that asked for a hook must not run silently without it."""
+    spec = os.environ.get(TOPK_HOOK_ENV)
+    if not spec:
+        return None
+    module, sep, name = spec.partition(":")
+    factory = getattr(importlib.import_module(module), name, None) if sep and module and name else None
+    if not callable(factory):
+        raise ValueError(f"{TOPK_HOOK_ENV}={spec!r} names no callable; give MODULE:FACTORY")
+    return factory()
 
 
 class DDTreeDrafter:

@@ -10,10 +10,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+
+from as_nobody import NobodyTree
 from model_server import ModelServer, write_model_folder
 
 from k26_ddtree.cli.main import main
@@ -112,37 +113,22 @@ def test_a_failed_report_removes_the_folders_it_created(results, tmp_path, monke
     assert [p.name for p in existing.iterdir()] == ["keep.txt"], "a folder it did not create is left as it was"
 
 
-def _run_as_nobody_if_root():
-    """Root writes into read-only folders; the refusal is only seen as another user."""
-    if os.geteuid() != 0:
-        return []
-    if not shutil.which("setpriv"):
-        pytest.skip("running as root and setpriv is missing: cannot meet a read-only folder")
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
 def test_a_read_only_out_folder_is_one_line(results):
-    prefix = _run_as_nobody_if_root()
-    # tmp_path lies under a root-only folder; nobody needs a path it may read.
-    shared = Path(tempfile.mkdtemp(prefix="k26-ro-report-"))
+    """Root writes into read-only folders; the refusal is only seen as another user."""
+    nobody = NobodyTree(["k26_ddtree.bench.report", "k26_ddtree.bench.plots", "matplotlib.pyplot"])
     try:
-        shared.chmod(0o755)
-        source = shared / "run.json"
+        source = nobody.root / "run.json"
         shutil.copy(results, source)
         source.chmod(0o644)
-        (shared / "mpl").mkdir(mode=0o777)
-        (shared / "mpl").chmod(0o777)
-        read_only = shared / "rodir"
-        read_only.mkdir()
-        read_only.chmod(0o555)
-        done = subprocess.run([*prefix, sys.executable, "-m", "k26_ddtree", "bench", "report", str(source),
-                               "--out", str(read_only)], capture_output=True, text=True, timeout=120, cwd="/",
-                              env={**os.environ, "MPLCONFIGDIR": str(shared / "mpl"), "PYTHONDONTWRITEBYTECODE": "1"})
+        mpl = nobody.scratch("mpl")
+        read_only = nobody.scratch("rodir", 0o555)
+        done = nobody.run(["-m", "k26_ddtree", "bench", "report", str(source), "--out", str(read_only)],
+                          timeout=120, env={"MPLCONFIGDIR": str(mpl)})
         assert done.returncode == 2, done.stderr
         assert done.stderr == f"k26-deploy: error: cannot write the plots into {read_only}: Permission denied\n"
         assert list(read_only.iterdir()) == []
     finally:
-        shutil.rmtree(shared)
+        nobody.remove()
 
 
 def test_a_report_of_runs_without_a_successful_cell_warns_nothing(tmp_path):

@@ -1,6 +1,6 @@
 """The fused Triton kernels (tree_kernel.py, mask_kernel.py, walk_kernel.py), run on the
 CPU by Triton's interpreter; on a GPU, test_core_tree.py's CUDA test and
-tests/gpu/graph_check.py run them for real."""
+proving_ground/device/graph_check.py run them for real."""
 
 from __future__ import annotations
 

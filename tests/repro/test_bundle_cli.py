@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from k26_ddtree.gpu import bundle
+from k26_ddtree.repro import bundle
 from repro_helpers import local_index
 
 

@@ -1,5 +1,5 @@
 """step_graphs: the eager fallback equals the plain functions, when it is taken, and (on a
-GPU only, through tests/gpu/graph_check.py) graph replay equals the eager step."""
+GPU only, through proving_ground/device/graph_check.py) graph replay equals the eager step."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """tune's acceptance replay: continuations from the trace, hand-computed trees, and agreement with the
-proving ground's offline estimator (k26_ddtree.gpu.acceptance) on a trace a serving walk wrote."""
+proving ground's offline estimator (proving_ground.acceptance) on a trace a serving walk wrote."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tune_fixtures import header, random_table, walk_records, write_trace
 
 from k26_ddtree.errors import UserError
 from k26_ddtree.core.acceptance import TreeShape, committed_per_root
-from k26_ddtree.gpu.acceptance import acceptance_table
+from proving_ground.acceptance import acceptance_table
 from k26_ddtree.sglang import trace
 from k26_ddtree.tune.estimate import (acceptance, all_shapes, as_served, chain, check_drafts, committed_per_step,
                                      replay)

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# One proving-ground run on a GPU box with no network: bash proving_ground/device/run.sh RUN
+#   RUN: a run in proving_ground/device/matrix.json: prove, speed-weak, speed-real (the speed tables), or the
+#   earlier matrix runs 1, 2, 3 (23: runs 2 and 3 at once), final, profile, validate.
+# Reads .gpu/ (carried): k26-site-py3.12-sm90.tar.xz (required); model.tar.xz, jit-cache.tar.xz and
+# oracle.json (optional: without model.tar.xz the model pairs are trained here and written to
+# $OUT/model.tar.xz; without oracle.json the -oracle servers start after this run's AR reference).
+# A warm machine (a device call within ~30 s of the last) still has /tmp/k26 and the servers an
+# earlier run kept (K26_E2E_ARGS="--keep-for RUN"): the installed site, the models and the JIT
+# caches are then reused as they are, and so are those servers.
+# Writes under $OUT (default ./gpu-out), at most 8 files as the device tool brings back (a run that
+# trains, with K26_GPU_STATE=1, can write 9: the device tool then leaves one behind):
+# e2e-runRUN.json/.md (the JSON also holds the models' train report and offline acceptance table),
+# speed-runRUN.md for a speed run, logs-runRUN.tar.xz, oracle-runRUN.json, jit-cache.tar.xz, run.log
+# (graph_check's output included when it trained), gpu-state-runRUN.csv with K26_GPU_STATE=1, and
+# model.tar.xz when it trained.
+# K26_WIDE=1 serves the cost-realistic target instead (the pair's target widened here, K26_WIDEN_ARGS).
+set -uo pipefail
+RUN=${1:?usage: bash proving_ground/device/run.sh RUN}
+OUT=${OUT:-$PWD/gpu-out}
+G=${K26_GPU_DIR:-.gpu}
+K=/tmp/k26
+JIT=/tmp/k26-jit
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+mkdir -p "$OUT" "$K"
+exec > >(tee -a "$OUT/run.log") 2>&1
+step() { echo "[run.sh $(date +%H:%M:%S) +${SECONDS}s] $*"; }
+
+BUNDLE_SHA=$(cut -d' ' -f1 "$G"/k26-site-py3.12-sm90.tar.xz.sha256 2>/dev/null)
+[ -n "$BUNDLE_SHA" ] || { echo "run.sh: $G/k26-site-py3.12-sm90.tar.xz.sha256 is missing (build the bundle: proving_ground/device/README.md)"; exit 2; }
+if [ "$(cat "$K/site/.k26-bundle" 2>/dev/null)" = "$BUNDLE_SHA" ]; then
+  step "offline bundle already installed (warm machine): reusing $K/site"
+else
+  step "install the offline bundle"
+  rm -rf "$K/k26-bundle" "$K/site" "$K/site-ddtree"
+  tar -xJf "$G"/k26-site-py3.12-sm90.tar.xz -C "$K" || exit 1
+  sh "$K/k26-bundle/install.sh" "$K/site" || exit 1
+  echo "$BUNDLE_SHA" > "$K/site/.k26-bundle"
+fi
+export PYTHONPATH=$K/site
+step "refresh k26_ddtree in the site from this working tree, with the proving ground beside it (its test-only hooks load by dotted path)"
+rm -rf "$K/site/k26_ddtree"
+python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from k26_ddtree.repro import bundle; bundle.copy_self(Path('$K/site'))" || exit 1
+rm -rf "$K/site/proving_ground" && cp -r proving_ground "$K/site/proving_ground" || exit 1
+
+if [ -d "$JIT" ]; then step "JIT caches already here (warm machine)";
+elif [ -f "$G/jit-cache.tar.xz" ]; then step "restore JIT caches"; mkdir -p "$JIT"; tar -xJf "$G/jit-cache.tar.xz" -C "$JIT"; fi
+CHECK_PID=
+# The models folder records where it came from (the carried archive's SHA256, or "trained"), so a
+# newly carried archive replaces what an earlier call left on a warm machine.
+MODEL_SHA=trained
+if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1); fi
+if [ -f "$K/models/train_report.json" ] && [ "$(cat "$K/models/.k26-model" 2>/dev/null)" = "$MODEL_SHA" ]; then
+  step "model pairs already here (warm machine)"
+elif [ -f "$G/model.tar.xz" ]; then
+  step "unpack the model pairs"; rm -rf "$K/models"; mkdir -p "$K/models"
+  tar -xJf "$G/model.tar.xz" -C "$K/models" || exit 1
+  echo "$MODEL_SHA" > "$K/models/.k26-model"
+else
+  # The step graphs and kernels are checked beside the training: a failure there ends the run
+  # before any server starts.
+  step "graph_check in the background; make the model pairs (corpus, tokenizer, training)"
+  python3 proving_ground/device/graph_check.py > "$K/graph_check.txt" 2>&1 &
+  CHECK_PID=$!
+  rm -rf "$K/models"
+  python3 -m proving_ground.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-120}" || exit 1
+  tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
+  echo trained > "$K/models/.k26-model"
+fi
+if [ -z "$CHECK_PID" ] && [ "${K26_GRAPH_CHECK:-0}" = 1 ]; then
+  # Asked for beside a run that does not train: checked while the servers start, reported at the end.
+  python3 proving_ground/device/graph_check.py > "$K/graph_check.txt" 2>&1 &
+  LATE_CHECK_PID=$!
+fi
+MODELS=$K/models
+if [ "${K26_WIDE:-0}" = 1 ]; then
+  # The cost-realistic target (proving_ground.widen): the trained target's text at MoE-like GPU cost.
+  WIDEN_KEY="$MODEL_SHA ${K26_WIDEN_ARGS:-}"
+  if [ -f "$K/models-wide/widen_report.json" ] && [ "$(cat "$K/models-wide/.k26-widen" 2>/dev/null)" = "$WIDEN_KEY" ]; then
+    step "cost-realistic target already here (warm machine)"
+  else
+    step "widen the target into the cost-realistic one"; rm -rf "$K/models-wide"
+    python3 -m proving_ground.widen --models "$K/models" --out "$K/models-wide" ${K26_WIDEN_ARGS:-} || exit 1
+    echo "$WIDEN_KEY" > "$K/models-wide/.k26-widen"
+  fi
+  cat "$K/models-wide/widen_report.json"
+  MODELS=$K/models-wide
+fi
+cat "$K/models/train_report.json" 2>/dev/null
+if [ -n "$CHECK_PID" ]; then
+  wait "$CHECK_PID"; check_rc=$?
+  cat "$K/graph_check.txt"
+  if [ "$check_rc" -ne 0 ]; then step "graph_check failed (exit $check_rc): no servers started"; exit 1; fi
+fi
+
+# K26_GPU_STATE=1: the card's clocks, power and load once a second beside the run (repeats carry
+# their start times), to read off whether a table's drift is the card's own. Off by default: a
+# measurement runs with nothing else querying the driver (session 8 ran it: clocks held 1980 MHz).
+# It takes one of the 8 files that come back. nvidia-smi's timestamps are the machine's local time
+# (UTC on the lent machines), repeat_started epoch seconds.
+SMI_PID=
+if [ "${K26_GPU_STATE:-0}" = 1 ]; then
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used,clocks_event_reasons.active \
+      --format=csv,nounits -lms 1000 > "$OUT/gpu-state-run$RUN.csv" &
+    SMI_PID=$!
+    trap 'kill "$SMI_PID" 2>/dev/null' EXIT
+    step "K26_GPU_STATE=1: nvidia-smi logs the card's state once a second to gpu-state-run$RUN.csv"
+  else
+    step "K26_GPU_STATE=1, but there is no nvidia-smi: no gpu-state file"
+  fi
+fi
+ORACLE_ARGS=()
+if [ -f "$G/oracle.json" ]; then ORACLE_ARGS=(--oracle-file "$G/oracle.json"); fi
+# The runner gets what is left of K26_RUN_LIMIT (the device command's limit) minus time to stop
+# servers and pack the caches, so its report is always written before the command is killed.
+DEADLINE=$(( ${K26_RUN_LIMIT:-560} - SECONDS - ${K26_STOP_RESERVE:-60} ))
+step "matrix run $RUN (deadline ${DEADLINE}s)"
+python3 proving_ground/device/e2e.py --matrix proving_ground/device/matrix.json --run "$RUN" --site "$K/site" --models "$MODELS" \
+  --out "$OUT" --jit-dir "$JIT" --deadline-s "$DEADLINE" "${ORACLE_ARGS[@]}" ${K26_E2E_ARGS:-}
+rc=$?
+if [ -n "${LATE_CHECK_PID:-}" ]; then
+  wait "$LATE_CHECK_PID"; check_rc=$?
+  cat "$K/graph_check.txt"
+  if [ "$check_rc" -ne 0 ]; then step "graph_check failed (exit $check_rc)"; rc=1; fi
+fi
+if [ -n "$SMI_PID" ]; then kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; fi
+step "pack JIT caches"
+tar -C "$JIT" -cf - . 2>/dev/null | xz -T0 -6 > "$OUT/jit-cache.tar.xz"
+size=$(stat -c %s "$OUT/jit-cache.tar.xz" 2>/dev/null || echo 0)
+if [ "$size" -gt 16000000 ]; then step "jit-cache.tar.xz is $size bytes: too big to come back, dropped"; rm -f "$OUT/jit-cache.tar.xz"; fi
+du -sh "$JIT"/* 2>/dev/null
+step "done (e2e exit $rc)"
+exit $rc

@@ -1,0 +1,454 @@
+"""Make the proving-ground model pair on a GPU: corpus, tokenizer, trained target, trained drafter.
+
+    python -m proving_ground.train --out DIR [--seed 0] [--time-budget 150]
+
+    python -m proving_ground.train --out DIR --add-drafter mid [--device cpu]
+
+Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter, DIR/drafter-weak and
+DIR/drafter-mid (DFlashDraftModel), DIR/prompts.json (the 8 fixed prompts as token ids),
+DIR/train_report.json and DIR/acceptance.json. --add-drafter trains one goal drafter against
+the target already in DIR (on the CPU too: about 0.7 s a step on two cores) and adds it to
+both reports, so a carried model archive gains a drafter without a new target.
+The target trains until the median top-1/top-2 log-prob gap along its greedy
+continuations of the prompts passes GAP_GOAL nats (bf16 noise is ~0.01); the
+drafter then trains DFlash-style on the frozen target's features until its
+simulated acceptance length stops improving or its time share runs out. The
+imperfect drafter is the same recipe with half the capacity (tinymodel.
+WEAK_DRAFT_CONFIG), stopped as soon as linear DFlash accepts WEAK_GOAL of 8; the "mid" one
+is that size again, trained on to MID_GOAL, a third quality between the two.
+acceptance.json holds, for every drafter, the exact greedy acceptance of every
+tree shape along the target's continuations (proving_ground.acceptance) and
+the rank of the true token at each draft depth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from k26_ddtree import atomic
+from k26_ddtree.errors import UserError
+from proving_ground import corpus, tinymodel, tokenizer
+from k26_ddtree.core.acceptance import DraftTopK, TreeShape
+from proving_ground.acceptance import CHAIN, acceptance_table, rank_histogram
+from proving_ground.matrix import DRAFTER_DIRS
+
+GAP_GOAL = 3.0
+# Linear DFlash acceptance the imperfect drafter stops at, inside the band where K2.5/K2.6
+# DFlash drafters sit on real text; the report says whether it landed in the band.
+WEAK_GOAL = 3.75
+WEAK_BAND = (3.0, 4.5)
+# The third drafter quality: the imperfect drafter's size, trained on until linear DFlash accepts
+# MID_GOAL, where a tree still adds tokens but less than over the weak drafter.
+MID_GOAL = 5.25
+
+
+@dataclass(frozen=True)
+class GoalDrafter:
+    """A drafter trained until linear DFlash first accepts `goal`: DIR/drafter-NAME."""
+    config: dict
+    goal: float
+    seed_offset: int
+    band: tuple[float, float] | None = None  # where its final acceptance should land, if anywhere
+
+
+GOAL_DRAFTERS = {"weak": GoalDrafter(tinymodel.WEAK_DRAFT_CONFIG, WEAK_GOAL, 2, WEAK_BAND),
+                 "mid": GoalDrafter(tinymodel.WEAK_DRAFT_CONFIG, MID_GOAL, 3)}
+RANKS_KEPT = 8
+# The speed configs and the acceptance grid of the proving ground (proving_ground/device/matrix.json).
+TREE_SHAPES = [CHAIN, TreeShape(7, 1, True)] + [
+    TreeShape(budget, topk, spine) for budget in (8, 16, 32, 64) for topk in (4, 8) for spine in (False, True)
+]
+SEQ_LEN = 256
+EVAL_NEW_TOKENS = 96
+CORPUS_WORDS = 300_000
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Training sizes; `SMOKE` shrinks them so a CPU test walks every line in seconds."""
+    target_batch: int = 64
+    draft_batch: int = 32
+    draft_blocks: int = 16
+    target_eval_every: int = 200
+    target_min_steps: int = 600
+    draft_eval_every: int = 250
+    draft_min_steps: int = 1000
+    weak_eval_every: int = 10
+    report_new_tokens: int = 256
+    eval_new_tokens: int = EVAL_NEW_TOKENS
+    corpus_words: int = CORPUS_WORDS
+
+
+SMOKE = Knobs(target_batch=2, draft_batch=2, draft_blocks=2, target_eval_every=2, target_min_steps=2,
+              draft_eval_every=2, draft_min_steps=2, weak_eval_every=2, eval_new_tokens=12, report_new_tokens=12,
+              corpus_words=20_000)
+
+
+def amp(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def log(msg: str) -> None:
+    print(f"[train {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def encode_corpus(tok, lines: list[str]) -> torch.Tensor:
+    ids: list[int] = []
+    for enc in tok.encode_batch([line + "\n" for line in lines]):
+        ids.extend(enc.ids)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def sample_windows(data: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, data.numel() - length - 1, (batch,), generator=gen)
+    return torch.stack([data[s:s + length + 1] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def greedy_continuations(target, prompts: list[list[int]], new_tokens: int, device: torch.device):
+    """Greedy tokens and the top-1/top-2 log-prob gap at each generated position (full recompute)."""
+    seqs, gaps = [], []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=device)
+        for _ in range(new_tokens):
+            with amp(device):
+                logits, _ = target(ids)
+            top2 = logits[0, -1].log_softmax(-1).topk(2)
+            gaps.append(float(top2.values[0] - top2.values[1]))
+            ids = torch.cat((ids, top2.indices[:1].view(1, 1)), dim=1)
+        seqs.append(ids[0].tolist())
+    return seqs, gaps
+
+
+def optimizer_step(opt, loss: torch.Tensor, model) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def train_target(target, data, device, seed: int, deadline: float, prompts, knobs: Knobs):
+    opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed)
+    step, gaps, loss = 0, [0.0], float("nan")
+    while time.time() < deadline:
+        batch = sample_windows(data, knobs.target_batch, SEQ_LEN, gen).to(device)
+        with amp(device):
+            logits, _ = target(batch[:, :-1])
+        loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        optimizer_step(opt, loss_t, target)
+        step += 1
+        if step % knobs.target_eval_every == 0:
+            loss = float(loss_t.detach())
+            target.eval()
+            _, gaps = greedy_continuations(target, prompts[:4], min(32, knobs.eval_new_tokens), device)
+            target.train()
+            log(f"target step {step} loss {loss:.3f} median gap {statistics.median(gaps):.2f}")
+            if statistics.median(gaps) > GAP_GOAL and step >= knobs.target_min_steps:
+                break
+    return {"steps": step, "final_loss": loss}
+
+
+def block_logits(target, drafter, windows: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """[b, n, BS - 1, V] float logits of the drafter's blocks rooted at anchors [b, n] of windows
+    [b, t], as the server drafts them: the target's features before each root as context, the
+    block [root, MASK x (BS - 1)] non-causal, logits through the target's lm_head."""
+    device = windows.device
+    b, t = windows.shape
+    n_blocks = anchors.shape[1]
+    bs = tinymodel.BLOCK_SIZE
+    with torch.no_grad(), amp(device):
+        _, features = target(windows)
+    block_pos = (anchors[..., None] + torch.arange(bs, device=device)).view(b, -1)
+    block_ids = torch.full_like(block_pos, tinymodel.MASK_TOKEN_ID)
+    block_ids.view(b, n_blocks, bs)[..., 0] = windows.gather(1, anchors)
+    ctx_pos = torch.arange(t, device=device)
+    sees_ctx = ctx_pos.view(1, 1, t) < anchors.repeat_interleave(bs, dim=1)[..., None]
+    blk = torch.arange(n_blocks * bs, device=device) // bs
+    sees_block = (blk[:, None] == blk[None, :]).expand(b, -1, -1)
+    mask = torch.cat((sees_ctx, sees_block), dim=-1)
+    embeds = target.model.embed_tokens(block_ids).detach()
+    with amp(device):
+        hidden = drafter(embeds, block_pos, features, ctx_pos.expand(b, t), mask)
+        return target.lm_head(hidden).float().view(b, n_blocks, bs, -1)[:, :, 1:]
+
+
+def draft_batch(target, drafter, windows, n_blocks: int, gen: torch.Generator):
+    """One DFlash training batch: blocks anchored at random positions, loss on block slots 1..B-1."""
+    b, t = windows.shape
+    bs = tinymodel.BLOCK_SIZE
+    anchors = torch.randint(1, t - bs, (b, n_blocks), generator=gen).to(windows.device)
+    block_pos = (anchors[..., None] + torch.arange(bs, device=windows.device)).view(b, -1)
+    labels = windows.gather(1, block_pos).view(b, n_blocks, bs)[..., 1:]
+    return block_logits(target, drafter, windows, anchors), labels
+
+
+@torch.no_grad()
+def draft_topk(target, drafter, seq: list[int], start: int) -> tuple[DraftTopK, torch.Tensor]:
+    """The drafter's top-RANKS_KEPT at every root from `start` whose next D + 1 tokens `seq`
+    knows, and the rank (1-based) of the true token at each depth: ([A, D] ranks)."""
+    device = next(target.parameters()).device
+    depth = tinymodel.BLOCK_SIZE - 1
+    ids = torch.tensor(seq, device=device)
+    anchors = torch.arange(start, len(seq) - depth - 1, device=device)
+    logits = block_logits(target, drafter, ids[None], anchors[None])[0].log_softmax(-1)
+    truth = ids[anchors[:, None] + 1 + torch.arange(depth + 1, device=device)]
+    top = logits.topk(RANKS_KEPT, dim=-1)
+    ranks = (logits > logits.gather(2, truth[:, :depth, None])).sum(-1) + 1
+    return DraftTopK(tokens=top.indices, logprobs=top.values, truth=truth, roots=ids[anchors]), ranks
+
+
+def linear_acceptance(target, drafter, greedy_seqs, prompt_lens) -> float:
+    """Mean committed tokens per verify step (accepted drafts + bonus) of a linear DFlash walk."""
+    topks = [draft_topk(target, drafter, seq, start)[0] for seq, start in zip(greedy_seqs, prompt_lens)]
+    return acceptance_table(topks, [CHAIN])[CHAIN.name]
+
+
+def drafter_report(target, drafter, greedy_seqs, prompt_lens) -> dict:
+    """Every tree shape's exact greedy acceptance and the true token's rank per depth."""
+    pairs = [draft_topk(target, drafter, seq, start) for seq, start in zip(greedy_seqs, prompt_lens)]
+    return {"acceptance": acceptance_table([p[0] for p in pairs], TREE_SHAPES),
+            "rank_histogram": rank_histogram([p[1] for p in pairs])}
+
+
+def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, prompt_lens, knobs: Knobs,
+                  goal: float | None = None):
+    """Train until simulated acceptance stops improving, or (goal) first reaches `goal`."""
+    opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed + 7)
+    every = knobs.draft_eval_every if goal is None else knobs.weak_eval_every
+    step, best, loss = 0, 0.0, float("nan")
+    while time.time() < deadline:
+        windows = sample_windows(data, knobs.draft_batch, SEQ_LEN, gen)[:, :-1].to(device)
+        logits, labels = draft_batch(target, drafter, windows, knobs.draft_blocks, gen)
+        loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        optimizer_step(opt, loss_t, drafter)
+        step += 1
+        if step % every == 0:
+            loss = float(loss_t.detach())
+            drafter.eval()
+            acc = linear_acceptance(target, drafter, greedy_seqs[:4], prompt_lens[:4])
+            drafter.train()
+            log(f"drafter step {step} loss {loss:.3f} simulated acceptance {acc:.2f}")
+            if goal is not None and acc >= goal:
+                break
+            if goal is None and acc <= best + 0.02 and step >= knobs.draft_min_steps:
+                break
+            best = max(best, acc)
+    return {"steps": step, "final_loss": loss}
+
+
+def trained_drafter(config: dict, seed: int, target, data, device, deadline, greedy, prompt_lens, knobs: Knobs,
+                    goal: float | None = None):
+    """A drafter of `config`, trained; (drafter, report with its linear acceptance on all prompts)."""
+    drafter = tinymodel.TinyDFlashDrafter(config)
+    tinymodel.init_weights(drafter, seed)
+    tinymodel.out_proj_scale(drafter, config["num_hidden_layers"])
+    drafter.to(device).train()
+    info = train_drafter(target, drafter, data, device, seed, deadline, greedy, prompt_lens, knobs, goal)
+    drafter.eval()
+    info["simulated_accept_length"] = linear_acceptance(target, drafter, greedy, prompt_lens)
+    return drafter, info
+
+
+def goal_drafter(name: str, seed: int, target, data, device, deadline, greedy, prompt_lens, knobs: Knobs):
+    """GOAL_DRAFTERS[name], trained until linear DFlash first accepts its goal (or the deadline);
+    the report says whether it got there, and whether it landed in its band."""
+    spec = GOAL_DRAFTERS[name]
+    drafter, info = trained_drafter(spec.config, seed + spec.seed_offset, target, data, device, deadline, greedy,
+                                    prompt_lens, knobs, goal=spec.goal)
+    accepts = info["simulated_accept_length"]
+    info.update(goal=spec.goal, reached_goal=accepts >= spec.goal)
+    if not info["reached_goal"]:
+        log(f"WARNING: the {name} drafter accepts {accepts:.2f} at its deadline, short of its goal {spec.goal}")
+    if spec.band is not None:
+        low, high = spec.band
+        info.update(band=list(spec.band), in_band=low <= accepts <= high)
+        if not info["in_band"]:
+            log(f"WARNING: the {name} drafter accepts {accepts:.2f}, outside {spec.band}")
+    return drafter, info
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name() if device.type == "cuda" else str(device)
+
+
+def save_drafter(drafter, config: dict, tok, out_dir: Path) -> None:
+    """Checkpoint and tokenizer, written beside `out_dir` and moved into place: a run stopped
+    half-way leaves no drafter folder a server would load."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tinymodel.save_checkpoint(drafter, config, tmp)
+    tokenizer.save_tokenizer(tok, tmp, tinymodel.MAX_POSITIONS)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.replace(out_dir)
+
+
+REPORTS = ("acceptance.json", "train_report.json")
+ACCEPTANCE_NOTE = ("exact greedy acceptance (committed tokens per step) along the target's continuations of the "
+                   "prompts ({tokens} tokens each); rank_histogram: rank of the true token per draft depth")
+
+
+def load_pair(out: Path, device: torch.device):
+    """(target, tokenizer, seed, prompt ids, {report file: its JSON}) of a folder make_pair wrote;
+    UserError if it is not one."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    try:
+        config = json.loads((out / "target" / "config.json").read_text())
+        meta = json.loads((out / "prompts.json").read_text())
+        prompts = [list(map(int, p["input_ids"])) for p in meta["prompts"]]
+        seed = int(meta["seed"])
+        reports = {name: json.loads((out / name).read_text()) for name in REPORTS}
+        state = load_file(str(out / "target" / "model.safetensors"))
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as err:
+        raise UserError(f"{out}: not a model folder train wrote ({type(err).__name__}: {err})") from None
+    if not prompts or not all(prompts) or not all(0 <= i < tinymodel.VOCAB for p in prompts for i in p):
+        raise UserError(f"{out}/prompts.json: expected prompts of token ids in 0..{tinymodel.VOCAB - 1}, none empty")
+    bad = [name for name, doc in reports.items() if not isinstance(doc, dict)]
+    if bad:
+        raise UserError(f"{out}/{bad[0]}: not a JSON object, as train writes it")
+    try:
+        tok = Tokenizer.from_file(str(out / "target" / "tokenizer.json"))
+    except Exception as err:  # tokenizers raises a bare Exception for a missing or broken file
+        raise UserError(f"{out}/target/tokenizer.json: {err}") from None
+    if config != tinymodel.TARGET_CONFIG:
+        raise UserError(f"{out}/target is not the tiny target this code trains (a widened one?)")
+    target = tinymodel.TinyDeepseekV3()
+    # bf16 on disk, float here: autocast runs the matmuls in bf16 as training did.
+    try:
+        target.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    except RuntimeError as err:  # missing, extra or misshapen tensors
+        raise UserError(f"{out}/target/model.safetensors: not the tiny target's weights "
+                        f"({str(err).splitlines()[0]})") from None
+    return target.to(device).eval().requires_grad_(False), tok, seed, prompts, reports
+
+
+def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, knobs: Knobs = Knobs(),
+                replace: bool = False) -> dict:
+    """Train the goal drafter `name` against the target already in `out` and add it there:
+    DIR/drafter-NAME, its acceptance table and its train report entry. An existing drafter of
+    that name stays unless `replace`: earlier results were measured with it."""
+    t0 = time.time()
+    if (out / DRAFTER_DIRS[name]).exists() and not replace:
+        raise UserError(f"{out / DRAFTER_DIRS[name]} exists; earlier results were measured with it "
+                        "(--replace trains a new one in its place)")
+    target, tok, seed, prompts, reports = load_pair(out, device)
+    data = encode_corpus(tok, corpus.corpus_lines(seed, knobs.corpus_words))
+    prompt_lens = [len(p) for p in prompts]
+    greedy, _ = greedy_continuations(target, prompts, knobs.eval_new_tokens, device)
+    drafter, info = goal_drafter(name, seed, target, data, device, t0 + time_budget, greedy, prompt_lens, knobs)
+    info.update(seconds=round(time.time() - t0, 1), device=device_name(device), torch=torch.__version__)
+    log(f"{name} drafter done: {info}")
+    served, _ = greedy_continuations(target, prompts, knobs.report_new_tokens, device)
+    reports["acceptance.json"][name] = drafter_report(target, drafter, served, prompt_lens)
+    reports["acceptance.json"].setdefault("note", ACCEPTANCE_NOTE.format(tokens=knobs.report_new_tokens))
+    reports["train_report.json"][f"drafter_{name}"] = info
+    save_drafter(drafter, GOAL_DRAFTERS[name].config, tok, out / DRAFTER_DIRS[name])
+    for file, doc in reports.items():
+        atomic.write_text(out / file, json.dumps(doc, indent=1) + "\n")
+    return info
+
+
+def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, knobs: Knobs = Knobs()) -> dict:
+    t0 = time.time()
+    lines = corpus.corpus_lines(seed, knobs.corpus_words)
+    tok = tokenizer.build_tokenizer(lines, tinymodel.VOCAB)
+    data = encode_corpus(tok, lines)
+    prompt_texts = corpus.make_prompts(seed)
+    prompts = [tok.encode(p).ids for p in prompt_texts]
+    log(f"corpus {data.numel()} tokens, tokenizer vocab {tok.get_vocab_size()}, {time.time() - t0:.1f}s")
+
+    torch.manual_seed(seed)
+    target = tinymodel.TinyDeepseekV3()
+    tinymodel.init_weights(target, seed)
+    tinymodel.out_proj_scale(target, tinymodel.TARGET_CONFIG["num_hidden_layers"])
+    target.to(device).train()
+    target_info = train_target(target, data, device, seed, t0 + time_budget * 0.5, prompts, knobs)
+    target.eval().requires_grad_(False)
+    greedy, gaps = greedy_continuations(target, prompts, knobs.eval_new_tokens, device)
+    gaps_sorted = sorted(gaps)
+    target_info.update(
+        median_gap=statistics.median(gaps), p10_gap=gaps_sorted[len(gaps) // 10], min_gap=gaps_sorted[0],
+        gap_goal=GAP_GOAL, seconds=round(time.time() - t0, 1),
+    )
+    log(f"target done: {target_info}")
+
+    prompt_lens = [len(p) for p in prompts]
+    common = (target, data, device)
+    drafter, draft_info = trained_drafter(tinymodel.DRAFT_CONFIG, seed + 1, *common, t0 + time_budget * 0.8,
+                                          greedy, prompt_lens, knobs)
+    draft_info["seconds"] = round(time.time() - t0, 1)
+    log(f"drafter done: {draft_info}")
+    report = {"seed": seed, "target": target_info, "drafter": draft_info}
+    # The real drafter's time is up at 0.8 of the budget; each goal drafter stops at its goal or at
+    # its share's end (weak at 0.9, mid at 1.0).
+    drafters = {"real": (drafter, tinymodel.DRAFT_CONFIG)}
+    for i, name in enumerate(GOAL_DRAFTERS, 1):
+        trained, info = goal_drafter(name, seed, *common, t0 + time_budget * (0.8 + 0.2 * i / len(GOAL_DRAFTERS)),
+                                     greedy, prompt_lens, knobs)
+        report[f"drafter_{name}"] = dict(info, seconds=round(time.time() - t0, 1))
+        log(f"{name} drafter done: {report[f'drafter_{name}']}")
+        drafters[name] = (trained, GOAL_DRAFTERS[name].config)
+    # As long as the proving ground's requests, so the table compares with what the servers report.
+    served, _ = greedy_continuations(target, prompts, knobs.report_new_tokens, device)
+    acceptance = {name: drafter_report(target, d, served, prompt_lens) for name, (d, _) in drafters.items()}
+
+    tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
+    tokenizer.save_tokenizer(tok, out / "target", tinymodel.MAX_POSITIONS)
+    for name, (d, config) in drafters.items():
+        save_drafter(d, config, tok, out / DRAFTER_DIRS[name])
+    (out / "prompts.json").write_text(json.dumps(
+        {"seed": seed, "prompts": [{"text": t, "input_ids": ids} for t, ids in zip(prompt_texts, prompts)]},
+        indent=1) + "\n")
+    atomic.write_text(out / "acceptance.json", json.dumps(
+        {"note": ACCEPTANCE_NOTE.format(tokens=knobs.report_new_tokens), **acceptance}, indent=1) + "\n")
+    report.update(torch=torch.__version__, device=device_name(device))
+    atomic.write_text(out / "train_report.json", json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m proving_ground.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for target/, drafter*/, prompts.json")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time-budget", type=float, default=150.0,
+                        help="seconds for all the trainings together (--add-drafter: for that one drafter)")
+    parser.add_argument("--device", default="cuda", help="torch device (cpu: --smoke, or --add-drafter)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the code path, not the model")
+    parser.add_argument("--add-drafter", choices=sorted(GOAL_DRAFTERS),
+                        help="train only this goal drafter against the target already in --out, and add it there")
+    parser.add_argument("--replace", action="store_true",
+                        help="with --add-drafter: train it even where --out already has a drafter of that name")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        hint = "--device cpu" if args.add_drafter else "--device cpu --smoke for a code-path check"
+        print(f"train: no CUDA GPU here (use {hint})", file=sys.stderr)
+        return 2
+    knobs = SMOKE if args.smoke else Knobs()
+    try:
+        if args.add_drafter:
+            add_drafter(args.out, args.add_drafter, args.time_budget, device, knobs, args.replace)
+        else:
+            make_pair(args.out, args.seed, args.time_budget, device, knobs)
+    except UserError as err:
+        print(f"train: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

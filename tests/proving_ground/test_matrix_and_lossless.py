@@ -1,0 +1,198 @@
+"""The proving-ground matrix (proving_ground/device/matrix.json) and the lossless criterion."""
+
+from pathlib import Path
+
+import pytest
+
+from k26_ddtree.errors import UserError
+from proving_ground import lossless, matrix, speed
+
+MATRIX = Path(__file__).resolve().parents[1] / "gpu" / "matrix.json"
+
+
+def test_valid_pairs_follow_the_tree_capacity_rule():
+    pairs = matrix.valid_pairs()
+    assert (4, 1) in pairs and (8, 1) not in pairs  # topk 1: at most 7 nodes below the root
+    assert all((b, k) in pairs for b in matrix.BUDGETS for k in (4, 8))
+    assert len(pairs) == 11
+
+
+def test_three_runs_cover_every_pair_with_both_drafters_once():
+    spec = matrix.load(MATRIX)
+    graphed = [n for r in ("1", "2", "3") for n in spec["runs"][r] if n.startswith("ddtree") and "eager" not in n]
+    expected = {f"ddtree-b{b}-k{k}-{d}" for b, k in matrix.valid_pairs() for d in ("real", "oracle")}
+    assert sorted(graphed) == sorted(expected)
+    names = [n for r in ("1", "2", "3") for n in spec["runs"][r]]
+    assert {"dflash", "dflash-eager", "ar-eager"} <= set(names)
+    assert sum(n.startswith("ddtree") and n.endswith("-eager") for n in names) >= 2
+    for run in ("1", "2", "3"):
+        assert len(spec["runs"][run]) <= 11  # one GPU, one start wave per run
+
+
+def test_run_names_fit_device_output_file_names():
+    # The device tool brings back only files named with letters, digits, '.', '_' and '-'.
+    import re
+    for run in matrix.load(MATRIX)["runs"]:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", f"e2e-run{run}.json")
+
+
+def test_combined_run_is_runs_two_and_three():
+    runs = matrix.load(MATRIX)["runs"]
+    assert sorted(runs["23"]) == sorted(set(runs["2"]) | set(runs["3"]))
+
+
+def test_every_run_needs_its_own_ar(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text('{"runs": {"1": ["dflash"]}}')
+    with pytest.raises(UserError, match="AR reference"):
+        matrix.load(bad)
+
+
+def test_bad_server_names_are_user_errors():
+    for name in ("ddtree-b8-k1-real", "ddtree-b8-k4-random", "eagle"):
+        with pytest.raises(UserError):
+            matrix.parse_server(name)
+
+
+def test_server_commands():
+    settings = {"mem_fraction_static": 0.05, "context_length": 1024, "max_total_tokens": 65536,
+                "max_running_requests": 16, "cuda_graph_bs": [1, 2, 4, 8, 16]}
+    ddtree = matrix.server_command(matrix.parse_server("ddtree-b64-k8-oracle"), Path("/m"), 31005, settings)
+    joined = " ".join(ddtree)
+    assert "--speculative-algorithm DDTREE" in joined
+    assert "--speculative-ddtree-budget 64 --speculative-ddtree-topk 8" in joined
+    assert "--speculative-draft-model-path /m/drafter" in joined
+    assert "--attention-backend triton" in joined and "--grammar-backend none" in joined
+    assert "--cuda-graph-max-bs 16 --cuda-graph-bs 1 2 4 8 16" in joined
+    eager = matrix.server_command(matrix.parse_server("ar-eager"), Path("/m"), 31000, settings)
+    assert "--disable-cuda-graph" in eager and "--speculative-algorithm" not in eager
+
+
+def top2(gap):
+    return [[-0.1, 5], [-0.1 - gap, 6]]
+
+
+def test_exact_tie_and_failure():
+    ref = [5, 5, 5, 5]
+    ref_top2 = [top2(3.0), top2(3.0), top2(0.01), top2(3.0)]
+    assert lossless.check_request(0, ref, ref_top2, [5, 5, 5, 5], 0.05) is None
+    tie = lossless.check_request(0, ref, ref_top2, [5, 5, 6, 1], 0.05)
+    assert tie.position == 2 and tie.tie and tie.got_token == 6
+    fail = lossless.check_request(1, ref, ref_top2, [5, 6, 5, 5], 0.05)
+    assert fail.position == 1 and not fail.tie and fail.gap == pytest.approx(3.0)
+    assert lossless.verdict([]) == "exact"
+    assert lossless.verdict([tie]) == "lossless (ties only)"
+    assert lossless.verdict([tie, fail]) == "FAIL"
+
+
+def test_short_output_is_a_divergence():
+    d = lossless.check_request(0, [1, 2, 3], [top2(1.0)] * 3, [1, 2], 0.05)
+    assert d.position == 2 and not d.tie
+
+
+def test_acceptance_and_gap_stats():
+    metas = [{"completion_tokens": 256, "spec_verify_ct": 64}, {"completion_tokens": 256, "spec_verify_ct": 32}]
+    assert lossless.acceptance(metas) == pytest.approx(512 / 96)
+    assert lossless.acceptance([{"completion_tokens": 5}]) is None
+    stats = lossless.gap_stats([[top2(1.0), top2(3.0)], [top2(2.0)]])
+    assert stats["min"] == pytest.approx(1.0) and stats["count"] == 3
+
+
+def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
+    spec = matrix.load(MATRIX)
+    runs = spec["runs"]
+    assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
+                                       "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa",
+                                       "wide-speed-costed"}
+    for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
+                        ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
+                        ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid"),
+                        ("chain-aa", "wide-tune-mid"), ("wide-speed-costed", "wide-tune")):
+        tuned = {"ddtree-stuned-weak-spine", "ddtree-stunedweak-weak-spine", "ddtree-stunedreal-real-spine",
+                 "ddtree-stunedmid-mid-spine"}
+        assert set(runs[run]) - tuned <= set(runs[source])
+        assert spec["run_settings"][run] == spec["run_settings"][source], "reuse needs the same settings"
+        names = runs[run]
+        assert sum(n.startswith("dflash") for n in names) == 1
+    assert all(len(runs[run]) == 8 for run in ("speed-weak", "speed-real"))
+    assert set(spec["first_wave"]) <= set(runs["prove"])
+    weak = {matrix.parse_server(n).drafter for n in runs["speed-weak"] if n != "ar"}
+    assert weak == {"weak"}
+    mid = {matrix.parse_server(n, {"tunedmid": "1:8/4"}).drafter for n in runs["wide-speed-mid"] if n != "ar"}
+    assert mid == {"mid"}
+    cells = spec["speed"]["cells"]
+    assert {c["concurrency"] for c in cells.values()} == {1, 4, 16, 64}
+    assert spec["speed"]["repeats"] >= 5 and spec["speed"]["min_seconds"] >= 3.0
+    assert speed.SpeedSpec.from_matrix(spec, "chain-aa").repeats == 9
+    assert speed.SpeedSpec.from_matrix(spec, "wide-speed-mid").repeats == spec["speed"]["repeats"]
+    assert list(speed.SpeedSpec.from_matrix(spec, "chain-aa").cells) == ["greedy-c16"]
+    assert max(spec["run_settings"]["prove"]["cuda_graph_bs"]) >= 64
+    # The costs inside the table: the trace wide-tune's group tuned on, the same tune arguments.
+    table = spec["tunes"]["wide-speed-costed"]["weak-table"]
+    assert table["trace_from"] in spec["tunes"]["wide-tune"] and set(table["costs"]) <= set(runs["wide-speed-costed"])
+    assert table["args"] == spec["tunes"]["wide-tune"][table["trace_from"]]["args"]
+
+
+def test_drafter_kinds_pick_their_checkpoint_and_servers_sleep_when_idle():
+    settings = {"mem_fraction_static": 0.05, "context_length": 1024, "max_total_tokens": 65536,
+                "max_running_requests": 16, "cuda_graph_bs": [1, 16]}
+    weak = " ".join(matrix.server_command(matrix.parse_server("ddtree-b64-k8-weak-spine"), Path("/m"), 1, settings))
+    assert "--speculative-draft-model-path /m/drafter-weak" in weak and "--speculative-ddtree-spine" in weak
+    dflash_weak = " ".join(matrix.server_command(matrix.parse_server("dflash-weak"), Path("/m"), 1, settings))
+    assert "--speculative-algorithm DFLASH --speculative-draft-model-path /m/drafter-weak" in dflash_weak
+    assert "--sleep-on-idle" in weak
+    for name in ("dflash-mid", "ddtree-b16-k4-mid-spine"):
+        mid = " ".join(matrix.server_command(matrix.parse_server(name), Path("/m"), 1, settings))
+        assert "--speculative-draft-model-path /m/drafter-mid" in mid
+    assert matrix.parse_server("ddtree-b8-k4-oracle").oracle and not matrix.parse_server("dflash-weak").oracle
+
+
+def test_tp2_and_ep2_servers_shard_over_two_gpus_against_the_tp1_reference():
+    settings = {"mem_fraction_static": 0.05, "context_length": 1024, "max_total_tokens": 65536,
+                "max_running_requests": 16, "cuda_graph_bs": [1, 16]}
+    tp = " ".join(matrix.server_command(matrix.parse_server("ddtree-b64-k8-weak-spine-tp2"), Path("/m"), 1, settings))
+    ep = " ".join(matrix.server_command(matrix.parse_server("ddtree-b16-k4-weak-spine-tp2-ep2"), Path("/m"), 1,
+                                        settings))
+    assert "--tp-size 2" in tp and "--ep-size" not in tp
+    assert "--tp-size 2 --ep-size 2 --moe-a2a-backend none" in ep
+    run = matrix.load(MATRIX)["runs"]["tp2"]
+    shapes = [matrix.parse_server(n) for n in run]
+    assert shapes[0].name == "ar" and shapes[0].tp == 1, "the TP1 AR reference"
+    assert all(s.tp == 2 for s in shapes[1:]) and any(s.ep == 2 for s in shapes) and any(s.eager for s in shapes)
+    assert {(s.budget, s.topk) for s in shapes if s.algo == "DDTREE"} >= {(b, k) for b in (8, 16, 64) for k in (4, 8)}
+    with pytest.raises(UserError):
+        matrix.parse_server("ddtree-b8-k4-real-ep2")
+
+
+def test_schedule_servers_name_a_schedule_and_ramps_ask_for_fewer_tokens():
+    from proving_ground.e2e import ramp_tokens
+
+    spec = matrix.parse_server("ddtree-smix-weak-spine", {"mix": "1:32/8,3:16/4,12:0"})
+    assert (spec.algo, spec.schedule, spec.spine, spec.drafter) == ("DDTREE", "1:32/8,3:16/4,12:0", True, "weak")
+    cmd = matrix.server_command(spec, Path("/m"), 31000, {"mem_fraction_static": 0.1, "context_length": 1024,
+                                                            "max_total_tokens": 1, "max_running_requests": 16,
+                                                            "cuda_graph_bs": [1, 2]})
+    assert cmd[cmd.index("--speculative-ddtree-budget-schedule") + 1] == "1:32/8,3:16/4,12:0"
+    assert "--speculative-ddtree-budget" not in cmd and "--speculative-ddtree-spine" in cmd
+    with pytest.raises(UserError, match="no schedule named 'other'"):
+        matrix.parse_server("ddtree-sother-weak", {})
+    with pytest.raises(UserError, match="bucket 1:8/1: budget 8 is larger"):
+        matrix.parse_server("ddtree-sbad-weak", {"bad": "1:8/1"})
+    assert [ramp_tokens({"ramp": True}, 256, i, 16) for i in (0, 7, 15)] == [16, 128, 256]
+    assert ramp_tokens({}, 256, 3, 16) == 256
+    ref = {0: {"output_ids": [5, 6, 7, 8], "top2": []}}
+    assert lossless.divergences([(0, [5, 6], 2), (0, [5, 6, 7, 8])], ref, 0.05) == []
+    assert lossless.divergences([(0, [5, 9], 2)], ref, 0.05)[0].position == 1
+
+
+def test_a_repeats_host_cpu_shares_come_from_the_difference_of_two_proc_stat_reads():
+    # user nice system idle iowait irq softirq steal, in ticks
+    before = (100, 0, 50, 1000, 0, 0, 0, 10)
+    after = (400, 0, 150, 1400, 0, 10, 10, 30)
+    share = speed.host_cpu(before, after)
+    assert share == speed.HostCpu(busy=0.5, steal=round(20 / 840, 3))
+    assert speed.host_cpu(None, after) is None and speed.host_cpu(before, before) is None
+    backwards = speed.host_cpu(before, (400, 0, 150, 1400, -50, 10, 10, 30))  # iowait may go back (proc(5))
+    assert backwards == share
+    now = speed.cpu_times()
+    assert now is None or (len(now) == 8 and all(t >= 0 for t in now))
