@@ -15,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standin"
+ENTRY = REPO / "proving_ground" / "device" / "e2e.py"
 # Load at once, ready half a second later; acceptance 3.2 is 10 verify steps for 32 new tokens.
 STANDIN_ENV = {"STANDIN_LOAD_SECONDS": "0", "STANDIN_WARMUP_SECONDS": "0.5", "STANDIN_ACCEPT": "3.2"}
 
@@ -58,7 +59,7 @@ def setup(tmp_path):
 
 def run_e2e(tmp_path, models, matrix, env_extra, *extra, run="t"):
     env = dict(os.environ, PYTHONPATH=str(REPO), **{**STANDIN_ENV, **env_extra})
-    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", run,
+    cmd = [sys.executable, str(ENTRY), "--matrix", str(matrix), "--run", run,
            "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--jit-dir", str(tmp_path / "jit"), "--python", sys.executable,
            "--base-port", str(free_base_port(4)), *extra]
@@ -225,7 +226,7 @@ def test_servers_a_killed_run_left_behind_are_stopped_by_the_next(setup):
     tmp_path, models, matrix = setup
     speed = speed_matrix(tmp_path, matrix)
     env = dict(os.environ, PYTHONPATH=str(REPO), **STANDIN_ENV)
-    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(speed), "--run", "keeper",
+    cmd = [sys.executable, str(ENTRY), "--matrix", str(speed), "--run", "keeper",
            "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--jit-dir", str(tmp_path / "jit"), "--python", sys.executable,
            "--base-port", str(free_base_port(4)), "--patched-site", str(STANDIN)]
@@ -261,7 +262,7 @@ def _alive(pid: int) -> bool:
 def test_runner_mistakes_are_one_line_and_exit_2(setup, extra, message):
     tmp_path, models, matrix = setup
     env = dict(os.environ, PYTHONPATH=str(REPO), **STANDIN_ENV)
-    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
+    cmd = [sys.executable, str(ENTRY), "--matrix", str(matrix), "--run", "t",
            "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
@@ -373,7 +374,7 @@ def test_a_bad_tune_group_is_one_line_and_leaves_no_out(setup, tunes, message):
     spec["tunes"] = tunes
     matrix.write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(REPO), **STANDIN_ENV)
-    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
+    cmd = [sys.executable, str(ENTRY), "--matrix", str(matrix), "--run", "t",
            "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work")]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
@@ -393,7 +394,7 @@ def test_a_bad_schedule_is_one_line_and_leaves_no_out_or_work(setup, schedule, m
     spec["runs"]["s"] = ["ar", "ddtree-stuned-real"]
     matrix.write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(REPO), **STANDIN_ENV)
-    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "s",
+    cmd = [sys.executable, str(ENTRY), "--matrix", str(matrix), "--run", "s",
            "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--schedule", schedule]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
@@ -445,7 +446,7 @@ def test_tune_groups_narrow_to_the_started_servers_and_a_kept_trace_server_start
 @pytest.mark.parametrize("flag", [("--cost-repeats", "0"), ("--cost-seconds", "0")])
 def test_cost_settings_that_measure_nothing_are_refused_before_anything_starts(setup, flag):
     tmp_path, models, matrix = setup
-    cmd = [sys.executable, str(REPO / "tests" / "gpu" / "e2e.py"), "--matrix", str(matrix), "--run", "t",
+    cmd = [sys.executable, str(ENTRY), "--matrix", str(matrix), "--run", "t",
            "--site", str(STANDIN), "--models", str(models), "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), *flag]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -7,7 +7,7 @@ import pytest
 from k26_ddtree.errors import UserError
 from proving_ground import lossless, matrix, speed
 
-MATRIX = Path(__file__).resolve().parents[1] / "gpu" / "matrix.json"
+MATRIX = Path(__file__).resolve().parents[2] / "proving_ground" / "device" / "matrix.json"
 
 
 def test_valid_pairs_follow_the_tree_capacity_rule():

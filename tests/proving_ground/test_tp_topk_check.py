@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-CHECK = Path(__file__).resolve().parents[1] / "gpu" / "tp_topk_check.py"
+CHECK = Path(__file__).resolve().parents[2] / "proving_ground" / "device" / "tp_topk_check.py"
 
 
 @pytest.mark.parametrize("tp", [2, 3])

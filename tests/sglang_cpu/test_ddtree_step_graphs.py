@@ -20,7 +20,7 @@ from k26_ddtree.sglang.args import DDTreeConfig
 from k26_ddtree.sglang.draft import DraftHead
 from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, _BucketGraphs
 
-GRAPH_CHECK = Path(__file__).resolve().parents[1] / "gpu" / "graph_check.py"
+GRAPH_CHECK = Path(__file__).resolve().parents[2] / "proving_ground" / "device" / "graph_check.py"
 DEPTH = 7
 VOCAB = 40
 
