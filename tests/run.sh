@@ -33,4 +33,15 @@ K26_WHEEL_CACHE=$(mktemp -d "${PWD}/.cache/wheels.XXXXXX") || exit 1
 export K26_WHEEL_CACHE
 trap 'rm -rf "$K26_WHEEL_CACHE"' EXIT
 
+# The system packages some tests run for real (.ci/run installs them); without one, its tests skip.
+missing=()
+for need in "bubblewrap:bwrap:the coding eval's sandbox" "systemd:/lib/systemd/systemd:the unit install and reconfigure" \
+            "aria2:aria2c:fetch-model" "util-linux:setpriv:runs as another user" "patch:patch:apply's diffs"; do
+  IFS=: read -r package command what <<<"$need"
+  command -v "$command" >/dev/null 2>&1 || missing+=("$package ($what)")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "tests/run.sh: missing system packages, so their tests skip: $(IFS=,; echo "${missing[*]}" | sed 's/,/, /g'); install with: apt-get install -y bubblewrap systemd aria2 util-linux patch"
+fi
+
 "$VENV/bin/python" -m pytest -q -ra "$@"

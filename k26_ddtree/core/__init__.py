@@ -1,5 +1,11 @@
 """The DDTree algorithm: pure torch, batched, shape-documented; no SGLang, no host syncs on the hot path.
 
+Two numbers size a step, each with one name from the flags down: the `budget`, the draft
+nodes a tree keeps, and the `verify_width` N = budget + 1, the tokens (root and nodes) one
+request puts through the target's verify. Shapes write N for the verify width. SGLang's own
+names for the width (speculative_num_draft_tokens, draft_token_num, num_tokens_per_bs) appear
+only where SGLang reads or writes them.
+
   tree.py       build_ddtree: the `budget` best draft prefixes per request (DDTree)
   retrieve.py   what verification needs from a tree: ancestor mask, positions, the
                 first-child / next-sibling encoding of SGLang's tree kernels

@@ -86,7 +86,7 @@ def tree_attention_mask(tree: DDTree, *, fused: bool | None = None) -> torch.Ten
     fused: whether the fused Triton kernel (mask_kernel.py) runs instead of the torch
     ops; None (default) runs it for CUDA tensors (k26_ddtree.core.fused).
     """
-    kernel = fused_kernel(fused, tree.parents, tree.num_nodes, "core.mask_kernel", "tree_attention_mask_fused")
+    kernel = fused_kernel(fused, tree.parents, tree.verify_width, "core.mask_kernel", "tree_attention_mask_fused")
     if kernel is not None:
         return kernel(tree)
     batch, n = tree.parents.shape

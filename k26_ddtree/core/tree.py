@@ -59,7 +59,8 @@ _SPINE_BIT = -(1 << 63)
 
 @dataclass
 class DDTree:
-    """A batch of draft trees, B requests with N = budget + 1 nodes each.
+    """A batch of draft trees, B requests with N = budget + 1 nodes each: N is the verify width,
+    the tokens one request puts through the target's verify.
 
     tokens     [B, N] long   token of every node; node 0 is the root
     parents    [B, N] long   parent's local index, -1 for the root; parents[:, i] < i
@@ -83,7 +84,8 @@ class DDTree:
         return self.tokens.shape[0]
 
     @property
-    def num_nodes(self) -> int:
+    def verify_width(self) -> int:
+        """N = budget + 1: the root and the budget's draft nodes."""
         return self.tokens.shape[1]
 
     def depth_cap(self) -> int:

@@ -123,7 +123,7 @@ def verify_greedy(tree: DDTree, target_next: torch.Tensor, *, fused: bool | None
     _check_tree_batch(tree, "target_next", target_next, 2)
     if target_next.dtype != torch.long:
         raise ValueError(f"target_next must be torch.long, got {target_next.dtype}")
-    kernel = fused_kernel(fused, target_next, tree.num_nodes, "core.walk_kernel", "verify_greedy_fused")
+    kernel = fused_kernel(fused, target_next, tree.verify_width, "core.walk_kernel", "verify_greedy_fused")
     if kernel is not None:
         return kernel(tree, target_next)
     return _walk(tree, lambda node: target_next.gather(1, node.unsqueeze(1)).squeeze(1))

@@ -73,25 +73,25 @@ Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
                                 batch size's bucket instead of the argmax chain.
   model_executor/model_runner.py
                                 init_device_graphs: schedule_graphs.graph_runner, SGLang's
-                                one runner, or under a schedule of several token counts one
-                                per count behind the same can_run / replay / bs.
+                                one runner, or under a schedule of several verify widths one
+                                per width behind the same can_run / replay / bs.
   model_executor/model_runner_kv_cache_mixin.py
                                 _init_pools: req_to_token rows get args.req_to_token_extra
                                 columns past the context (the draft block and the tree
                                 both live in the row; a small budget's tree is shorter
                                 than the block).
   managers/schedule_batch.py    new_tokens_required_next_decode: the decode-memory check
-                                reserves args.tokens_per_request_step per request, so the
+                                reserves args.step_slots_per_request per request, so the
                                 draft block's scratch allocation always fits.
   model_executor/cuda_graph_runner.py
-                                can_run: guards.check_graph_batch (tokens-per-request
+                                can_run: guards.check_graph_batch (verify-width
                                 mismatch -> VerifyShapeError); get_spec_info for DFLASH
                                 uses the runner's own num_tokens_per_bs; a batch_sizes
                                 argument restricts a runner to one bucket's sizes.
   layers/attention/triton_backend.py
                                 target verify: eager builds its metadata for the input's
-                                own count (guards.eager_verify_tokens, up to the largest);
-                                capture and replay: guards.check_backend_tokens; capture records whether the
+                                own width (guards.eager_verify_width, up to the largest);
+                                capture and replay: guards.check_backend_verify_width; capture records whether the
                                 graph reads the custom mask, replay refuses a step whose
                                 mask presence differs (guards.check_replay_mask);
                                 init_cuda_graph_state sizes its buffers with

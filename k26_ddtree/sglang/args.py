@@ -18,14 +18,14 @@ draft read and write past its 8-token rows in the shared graph pool.
 Per request a decode step claims max(budget + 1, block) token slots and
 req_to_token columns (the draft block first, then the tree): the scheduler's
 decode-memory check and the req_to_token row width use
-`tokens_per_request_step`, so every budget >= 1 fits, including those whose
+`step_slots_per_request`, so every budget >= 1 fits, including those whose
 tree is smaller than the block.
 
 A schedule (`--speculative-ddtree-budget-schedule "1:32/8,4:16/4,16:8/4,64:0"`)
 replaces the one budget/topk: each bucket applies from its batch size up to the
 next, `0` is the plain DFlash chain (DFlash's own argmax draft and verify, none
 of DDTree's work). The target's speculative_num_draft_tokens is then the
-largest bucket's token count, which sizes the KV reservation, the req_to_token
+largest bucket's verify width, which sizes the KV reservation, the req_to_token
 rows and the triton backend; each bucket's verify CUDA graphs hold its own
 count (schedule_graphs.py). DDTreeSchedule is the resolved form; a plain
 budget is a schedule of one bucket.
@@ -82,8 +82,8 @@ class DDTreeConfig:
     block_size: int
 
     @property
-    def tokens(self) -> int:
-        """Tokens the target verifies per request: the tree's nodes and its root."""
+    def verify_width(self) -> int:
+        """Tokens the target verifies per request: the tree's budget nodes and its root."""
         return self.budget + 1
 
 
@@ -97,8 +97,8 @@ class ScheduleBucket:
     block_size: int
 
     @property
-    def tokens(self) -> int:
-        return self.block_size if self.config is None else self.config.tokens
+    def verify_width(self) -> int:
+        return self.block_size if self.config is None else self.config.verify_width
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ class DDTreeSchedule:
         return [b.config for b in self.buckets if b.config is not None]
 
     @property
-    def max_tokens(self) -> int:
-        return max(b.tokens for b in self.buckets)
+    def max_verify_width(self) -> int:
+        return max(b.verify_width for b in self.buckets)
 
     @functools.cached_property
     def _starts(self) -> list[int]:
@@ -157,7 +157,7 @@ class DDTreeSchedule:
         """Per bucket, the CUDA-graph batch sizes it captures from the server's `sizes`, plus the
         last batch size of every bucket that some larger captured size follows: a batch is padded
         up to the next captured size, and that size must lie in the batch's own bucket, whose
-        token count its graph holds."""
+        verify width its graph holds."""
         sizes = sorted({int(s) for s in sizes if int(s) > 0})
         if not sizes:
             return [[] for _ in self.buckets]
@@ -295,7 +295,7 @@ def _normalize_schedule(server_args) -> None:
     if num_draft_tokens is None:
         return
     # A ServerArgs rebuilt from a resolved one carries the derived count; anything else is the user's.
-    if server_args.speculative_dflash_block_size is None or int(num_draft_tokens) != max_tree_tokens(server_args):
+    if server_args.speculative_dflash_block_size is None or int(num_draft_tokens) != max_verify_width(server_args):
         raise DDTreeArgsError(
             "with a DDTree schedule the target's --speculative-num-draft-tokens is derived from it; "
             "set the drafter's block with --speculative-dflash-block-size"
@@ -335,13 +335,13 @@ def finalize(server_args) -> None:
             f"DDTree keeps the accepted tree path's KV slots, which needs --page-size 1 (got {server_args.page_size})"
         )
     resolve_trace(server_args, depth=block_size - 1)
-    server_args.speculative_num_draft_tokens = schedule.max_tokens
+    server_args.speculative_num_draft_tokens = schedule.max_verify_width
     logger.info(
         "DDTree on: %s, spine %s, block %d; the target verifies up to %d tokens per request.",
         schedule.describe(),
         bool(server_args.speculative_ddtree_spine),
         block_size,
-        schedule.max_tokens,
+        schedule.max_verify_width,
     )
 
 
@@ -380,7 +380,7 @@ def draft_block_size(server_args) -> int:
     return int(server_args.speculative_num_draft_tokens)
 
 
-def tokens_per_request_step(server_args) -> int:
+def step_slots_per_request(server_args) -> int:
     """The most KV slots (and req_to_token columns past the prefix) one decode step
     claims per request: the verify's speculative_num_draft_tokens, and for DDTree
     also the draft block, whose scratch slots are written into the same row and
@@ -396,7 +396,7 @@ def req_to_token_extra(server_args) -> int:
     one decode step's tokens per request when decoding speculatively."""
     if server_args.speculative_num_draft_tokens is None:
         return 4
-    return 4 + tokens_per_request_step(server_args)
+    return 4 + step_slots_per_request(server_args)
 
 
 def apply_to_draft_args(draft_server_args) -> None:
@@ -417,7 +417,7 @@ def check_target_runner(model_runner, vocab_size: int, topk: int) -> None:
         raise DDTreeArgsError(f"--speculative-ddtree-topk {topk} exceeds the vocabulary size {vocab_size}")
 
 
-def max_tree_tokens(server_args) -> int:
+def max_verify_width(server_args) -> int:
     """The most tokens a bucket verifies per request, before finalize resolves the block size: a
     tree's budget + 1, a chain's block where --speculative-dflash-block-size gives it (the
     draft config's is read later; k26-deploy's units always give it)."""
@@ -438,10 +438,10 @@ def verify_reserved_mem_mb(server_args, vocab_size: int, context_len: int) -> fl
     one context length per token (its other graph buffers are per request for
     DFlash runners, see buffers.py).
     """
-    num_nodes = max_tree_tokens(server_args)
+    verify_width = max_verify_width(server_args)
     graph_bs = 0 if server_args.disable_cuda_graph else int(server_args.cuda_graph_max_bs or 0)
     running = int(server_args.max_running_requests or 48)
     logits_row = 4 * int(vocab_size)
-    graph_bytes = graph_bs * num_nodes * (logits_row + int(context_len))
-    eager_bytes = running * num_nodes * logits_row * 4
+    graph_bytes = graph_bs * verify_width * (logits_row + int(context_len))
+    eager_bytes = running * verify_width * logits_row * 4
     return (graph_bytes + eager_bytes) / (1 << 20)

@@ -1,13 +1,12 @@
-"""Guards that turn a tokens-per-request or mask mismatch in the verify path into a clear error.
+"""Guards that turn a verify-width or mask mismatch in the verify path into a clear error.
 
-A CUDA graph and the triton backend's graph buffers are sized for one number
-of tokens per request (the target: budget + 1 with DDTree, the block for
-linear DFLASH, one runner and backend per count under a schedule; the draft:
-the block). Replaying with another count reads and
-writes past rows that belong to other requests or to other graphs' memory in
-the shared pool, which shows up much later as garbage text, illegal addresses
-or CUBLAS errors. Eager verify builds its metadata per step from the input's
-own count, up to the largest the server was sized for.
+A CUDA graph and the triton backend's graph buffers are sized for one verify width,
+tokens per request (the target: budget + 1 with DDTree, the block for linear DFLASH,
+one runner and backend per width under a schedule; the draft: the block). Replaying
+with another width reads and writes past rows that belong to other requests or to
+other graphs' memory in the shared pool, which shows up much later as garbage text,
+illegal addresses or CUBLAS errors. Eager verify builds its metadata per step from the
+input's own width, up to the largest the server was sized for.
 So a mismatch is a configuration bug and stops the step here, naming both numbers.
 The guards look only at DFlash verify inputs (linear or DDTree); other
 speculative algorithms keep their own conventions.
@@ -27,23 +26,23 @@ def _is_dflash_verify(spec_info) -> bool:
     return getattr(kind, "name", None) == "DFLASH_VERIFY"
 
 
-def check_graph_batch(role: str, tokens_per_request: int, forward_batch) -> None:
+def check_graph_batch(role: str, verify_width: int, forward_batch) -> None:
     """CudaGraphRunner.can_run, TARGET_VERIFY batches: the batch must carry
-    tokens_per_request tokens per request, and its spec_info must say so too."""
+    verify_width tokens per request, and its spec_info must say so too."""
     if not _is_dflash_verify(forward_batch.spec_info):
         return
     bs = int(forward_batch.batch_size)
     tokens = int(forward_batch.input_ids.numel())
     spec_tokens = getattr(forward_batch.spec_info, "draft_token_num", None)
-    if tokens != bs * tokens_per_request or (spec_tokens is not None and int(spec_tokens) != tokens_per_request):
+    if tokens != bs * verify_width or (spec_tokens is not None and int(spec_tokens) != verify_width):
         raise VerifyShapeError(
-            f"{role} verify CUDA graph is built for {tokens_per_request} tokens per request, but the batch "
+            f"{role} verify CUDA graph is built for {verify_width} tokens per request, but the batch "
             f"has {tokens} tokens for {bs} requests (spec_info.draft_token_num={spec_tokens}); the target "
             "must verify budget + 1 tokens and the draft runner must keep the block size"
         )
 
 
-def check_backend_tokens(where: str, num_draft_tokens, spec_info) -> None:
+def check_backend_verify_width(where: str, num_draft_tokens, spec_info) -> None:
     """TritonAttnBackend, TARGET_VERIFY: its num_draft_tokens (qo_indptr, mask rows,
     max_extend_len, graph buffers) must equal the verify input's draft_token_num."""
     if not _is_dflash_verify(spec_info):
@@ -57,7 +56,7 @@ def check_backend_tokens(where: str, num_draft_tokens, spec_info) -> None:
         )
 
 
-def eager_verify_tokens(num_draft_tokens, spec_info) -> int:
+def eager_verify_width(num_draft_tokens, spec_info) -> int:
     """TritonAttnBackend eager TARGET_VERIFY: the verify input's own count for a DFlash input (a
     DDTree schedule's buckets verify different counts; eager metadata is built per step), which
     must fit the largest count the server was sized for (num_draft_tokens); else the backend's."""

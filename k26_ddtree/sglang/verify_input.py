@@ -104,7 +104,7 @@ def record_on_requests(reqs: List[Req], committed: List[List[int]]) -> HostCommi
     return host
 
 
-def commit_on_device(batch: ScheduleBatch, num_nodes: int, acceptance: PackedAcceptance, host: HostCommit,
+def commit_on_device(batch: ScheduleBatch, verify_width: int, acceptance: PackedAcceptance, host: HostCommit,
                      hidden: torch.Tensor) -> DeviceCommit:
     """Keep the committed path nodes' KV (req_to_token, in depth order), free every other
     node's slot, advance the batch's lengths, and gather the next draft context.
@@ -117,7 +117,7 @@ def commit_on_device(batch: ScheduleBatch, num_nodes: int, acceptance: PackedAcc
     commit = commit_path(
         acceptance.path,
         commit_lens,
-        batch.out_cache_loc.view(bs, num_nodes),
+        batch.out_cache_loc.view(bs, verify_width),
         batch.req_to_token_pool.req_to_token,
         batch.req_pool_indices,
         batch.seq_lens,
@@ -128,7 +128,7 @@ def commit_on_device(batch: ScheduleBatch, num_nodes: int, acceptance: PackedAcc
     batch.seq_lens.add_(commit_lens.to(batch.seq_lens.dtype))
     batch.seq_lens_cpu.add_(torch.tensor(host.commit_lens, dtype=batch.seq_lens_cpu.dtype))
     batch.seq_lens_sum += total
-    next_hidden = hidden.reshape(bs * num_nodes, -1).index_select(0, commit.kept_nodes)
+    next_hidden = hidden.reshape(bs * verify_width, -1).index_select(0, commit.kept_nodes)
     return DeviceCommit(new_verified_id, commit_lens.to(torch.int32), next_hidden)
 
 
@@ -164,7 +164,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         return cls(
             draft_token=step.tree.tokens.reshape(-1),
             positions=step.positions.reshape(-1),
-            draft_token_num=step.tree.num_nodes,
+            draft_token_num=step.tree.verify_width,
             step=step,
         )
 

@@ -142,16 +142,16 @@ def commit_path_fused(path, commit_lens, node_slots, req_to_token, req_pool_indi
     return out[:total], out[total : batch * n], out[batch * n : batch * n + total]
 
 
-def warm_up(num_nodes: int, depth: int, max_batch: int, device) -> None:
+def warm_up(verify_width: int, depth: int, max_batch: int, device) -> None:
     """Compile both kernels for every batch-size class up to max_batch (each B_PAD class is its
     own compiled variant), at start-up rather than in a decode step."""
     width = depth + 1
     for batch in sorted({_batch_pad(b) for b in range(1, max(1, max_batch) + 1)}):
-        ancestor = torch.eye(num_nodes, dtype=torch.bool, device=device).expand(batch, -1, -1)
+        ancestor = torch.eye(verify_width, dtype=torch.bool, device=device).expand(batch, -1, -1)
         prefix = torch.zeros(batch, dtype=torch.long, device=device)
-        verify_custom_mask_fused(ancestor, prefix, batch * num_nodes * num_nodes)
+        verify_custom_mask_fused(ancestor, prefix, batch * verify_width * verify_width)
         path = torch.zeros(batch, width, dtype=torch.long, device=device)
         lens = torch.ones(batch, dtype=torch.long, device=device)
-        slots = torch.arange(batch * num_nodes, device=device).view(batch, num_nodes)
-        req_to_token = torch.zeros(batch, num_nodes + width, dtype=torch.int32, device=device)
+        slots = torch.arange(batch * verify_width, device=device).view(batch, verify_width)
+        req_to_token = torch.zeros(batch, verify_width + width, dtype=torch.int32, device=device)
         commit_path_fused(path, lens, slots, req_to_token, torch.arange(batch, device=device), prefix, batch)

@@ -139,19 +139,19 @@ def _top_p_renorm(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def target_probs(logits: torch.Tensor, sampling_info: SamplingBatchInfo, num_nodes: int) -> torch.Tensor:
+def target_probs(logits: torch.Tensor, sampling_info: SamplingBatchInfo, verify_width: int) -> torch.Tensor:
     """[B, N, V] the target's next-token law at every node: temperature, then top-k
     (top-k first, as DFlash does), then top-p. min_p is not applied, as in DFlash's verify."""
-    temperatures = torch.repeat_interleave(sampling_info.temperatures, num_nodes, dim=0)
+    temperatures = torch.repeat_interleave(sampling_info.temperatures, verify_width, dim=0)
     scaled = logits / temperatures
     vocab = scaled.shape[-1]
     need_top_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
     need_top_p = bool(getattr(sampling_info, "need_top_p_sampling", False))
-    top_ps = torch.repeat_interleave(sampling_info.top_ps, num_nodes, dim=0) if need_top_p else None
+    top_ps = torch.repeat_interleave(sampling_info.top_ps, verify_width, dim=0) if need_top_p else None
     top_p_renorm = dflash_utils.top_p_renorm_prob or _top_p_renorm
     probs = None
     if need_top_k:
-        top_ks = torch.repeat_interleave(sampling_info.top_ks, num_nodes, dim=0).to(torch.int64).clamp(1, vocab)
+        top_ks = torch.repeat_interleave(sampling_info.top_ks, verify_width, dim=0).to(torch.int64).clamp(1, vocab)
         max_top_k = int(top_ks.max())
         if max_top_k < vocab:
             # Sparse: only the max_top_k best logits can carry mass.
@@ -168,7 +168,7 @@ def target_probs(logits: torch.Tensor, sampling_info: SamplingBatchInfo, num_nod
             probs = (dflash_utils.top_k_renorm_prob or _top_k_renorm)(probs, top_ks)
         if need_top_p:
             probs = top_p_renorm(probs, top_ps)
-    return probs.view(-1, num_nodes, vocab).contiguous()
+    return probs.view(-1, verify_width, vocab).contiguous()
 
 
 def kernel_sampling(tree: DDTree, retrieve: tuple[torch.Tensor, torch.Tensor, torch.Tensor], probs: torch.Tensor,
@@ -215,11 +215,11 @@ def kernel_sampling(tree: DDTree, retrieve: tuple[torch.Tensor, torch.Tensor, to
 
 
 def apply_logit_adjustments(logits: torch.Tensor, sampling_info: SamplingBatchInfo, batch_size: int,
-                            num_nodes: int) -> None:
+                            verify_width: int) -> None:
     """Custom logit processors, penalties and logit bias, as DFlash's verify applies them."""
     if sampling_info.has_custom_logit_processor:
-        apply_custom_logit_processor(logits, sampling_info, num_tokens_in_batch=num_nodes)
+        apply_custom_logit_processor(logits, sampling_info, num_tokens_in_batch=verify_width)
     if sampling_info.penalizer_orchestrator.is_required or sampling_info.logit_bias is not None:
         linear_penalty = torch.zeros((batch_size, logits.shape[1]), dtype=torch.float32, device=logits.device)
         sampling_info.apply_logits_bias(linear_penalty)
-        logits.add_(torch.repeat_interleave(linear_penalty, num_nodes, dim=0))
+        logits.add_(torch.repeat_interleave(linear_penalty, verify_width, dim=0))

@@ -97,7 +97,7 @@ def test_tree_structure(budget):
         assert getattr(tree, field).shape == (16, n)
     assert tree.tokens.dtype == tree.parents.dtype == tree.depths.dtype == torch.long
     assert tree.node_logws.dtype == torch.float32
-    assert tree.max_depth == 7 and tree.num_nodes == n and tree.batch_size == 16
+    assert tree.max_depth == 7 and tree.verify_width == n and tree.batch_size == 16
     assert torch.equal(tree.tokens[:, 0], roots)
     assert (tree.parents[:, 0] == -1).all() and (tree.depths[:, 0] == 0).all() and (tree.node_logws[:, 0] == 0).all()
     idx = torch.arange(1, n)

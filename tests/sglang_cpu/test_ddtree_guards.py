@@ -24,14 +24,14 @@ def dflash_verify(n, custom_mask=None):
     return DFlashVerifyInput(draft_token=None, positions=None, draft_token_num=n, custom_mask=custom_mask)
 
 
-def graph_runner(tokens_per_request: int, is_draft: bool):
+def graph_runner(verify_width: int, is_draft: bool):
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     runner = object.__new__(CudaGraphRunner)
     runner.capture_forward_mode = ForwardMode.TARGET_VERIFY
     runner.capture_hidden_mode = CaptureHiddenMode.FULL
-    runner.num_tokens_per_bs = tokens_per_request
+    runner.num_tokens_per_bs = verify_width
     runner.model_runner = SimpleNamespace(
         is_draft_worker=is_draft, spec_algorithm=SimpleNamespace(is_ngram=lambda: False)
     )
@@ -46,13 +46,13 @@ def graph_runner(tokens_per_request: int, is_draft: bool):
     return runner
 
 
-def verify_batch(bs: int, tokens_per_request: int, spec_info):
+def verify_batch(bs: int, verify_width: int, spec_info):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     return SimpleNamespace(
         forward_mode=ForwardMode.TARGET_VERIFY,
         batch_size=bs,
-        input_ids=torch.zeros(bs * tokens_per_request, dtype=torch.long),
+        input_ids=torch.zeros(bs * verify_width, dtype=torch.long),
         spec_info=spec_info,
         replace_embeds=None,
         capture_hidden_mode=CaptureHiddenMode.NULL,
@@ -69,7 +69,7 @@ def test_graph_runner_runs_matching_verify_batches(patched_sglang):
     "is_draft, graph_tokens, batch_tokens, spec_tokens",
     [(False, 17, 8, 8), (True, 8, 17, 17), (False, 17, 17, 8)],
 )
-def test_graph_runner_refuses_a_tokens_per_request_mismatch(patched_sglang, is_draft, graph_tokens, batch_tokens, spec_tokens):
+def test_graph_runner_refuses_a_verify_width_mismatch(patched_sglang, is_draft, graph_tokens, batch_tokens, spec_tokens):
     from k26_ddtree.sglang.guards import VerifyShapeError
 
     runner = graph_runner(graph_tokens, is_draft=is_draft)
@@ -156,10 +156,10 @@ def test_triton_eager_verify_builds_its_metadata_for_the_inputs_own_count(patche
 
 
 def test_guards_ignore_other_algorithms():
-    from k26_ddtree.sglang.guards import check_backend_tokens, check_replay_mask
+    from k26_ddtree.sglang.guards import check_backend_verify_width, check_replay_mask
 
     eagle_like = SimpleNamespace(spec_input_type=SimpleNamespace(name="EAGLE_VERIFY"), draft_token_num=5)
-    check_backend_tokens("graph replay", 9, eagle_like)
+    check_backend_verify_width("graph replay", 9, eagle_like)
     check_replay_mask(True, eagle_like)
 
 

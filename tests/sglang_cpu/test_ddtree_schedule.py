@@ -18,18 +18,18 @@ def schedule_args(models, *extra):
 
 
 def test_schedule_flag_resolves_every_bucket_and_sizes_for_the_largest(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule, tokens_per_request_step
+    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule, step_slots_per_request
 
     args = schedule_args(models, "--speculative-ddtree-budget-schedule", SCHEDULE, "--speculative-ddtree-spine")
     schedule = DDTreeSchedule.from_server_args(args)
-    assert [(b.min_bs, b.config, b.tokens) for b in schedule.buckets] == [
+    assert [(b.min_bs, b.config, b.verify_width) for b in schedule.buckets] == [
         (1, DDTreeConfig(32, 8, True, 8), 33),
         (4, DDTreeConfig(16, 4, True, 8), 17),
         (16, DDTreeConfig(8, 4, True, 8), 9),
         (64, None, 8),
     ]
     assert args.speculative_num_draft_tokens == 33 and args.speculative_dflash_block_size == 8
-    assert tokens_per_request_step(args) == 33
+    assert step_slots_per_request(args) == 33
     assert [schedule.index(bs) for bs in (0, 1, 3, 4, 15, 16, 63, 64, 500)] == [0, 0, 0, 1, 1, 2, 2, 3, 3]
     assert schedule.describe().startswith("bs 1-3: budget 32 topk 8 spine True; bs 4-15: ")
     assert schedule.describe().endswith("bs 64+: DFlash chain")

@@ -55,13 +55,13 @@ def test_explicit_block_size_and_matching_num_draft_tokens(patched_sglang, model
 
 @pytest.mark.parametrize("budget, topk", [(1, 1), (2, 1), (3, 4), (4, 4)])
 def test_budgets_below_the_block_are_accepted(patched_sglang, models, budget, topk):
-    from k26_ddtree.sglang.args import req_to_token_extra, tokens_per_request_step
+    from k26_ddtree.sglang.args import req_to_token_extra, step_slots_per_request
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk", str(topk)))
     assert (args.speculative_num_draft_tokens, args.speculative_dflash_block_size) == (budget + 1, 8)
     # The draft block (8 slots) is claimed before the smaller tree, in the same req_to_token row.
-    assert tokens_per_request_step(args) == 8
+    assert step_slots_per_request(args) == 8
     assert req_to_token_extra(args) == 4 + 8
 
 
@@ -88,10 +88,10 @@ def test_req_to_token_extra_covers_the_larger_of_tree_and_block(patched_sglang, 
 
 
 def test_req_to_token_extra_is_sglangs_own_without_ddtree(patched_sglang, models):
-    from k26_ddtree.sglang.args import req_to_token_extra, tokens_per_request_step
+    from k26_ddtree.sglang.args import req_to_token_extra, step_slots_per_request
 
     linear = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
-    assert (req_to_token_extra(linear), tokens_per_request_step(linear)) == (4 + 8, 8)
+    assert (req_to_token_extra(linear), step_slots_per_request(linear)) == (4 + 8, 8)
     plain = parse(cli(models))
     assert req_to_token_extra(plain) == 4
 

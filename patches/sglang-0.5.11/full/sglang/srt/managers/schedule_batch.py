@@ -2093,7 +2093,7 @@ class ScheduleBatch(ScheduleBatchDisaggregationDecodeMixin):
         len_per_topk = server_args.speculative_num_steps or 1
         spec_topk = server_args.speculative_eagle_topk or 1
         # DDTree: the draft block's scratch slots come first and can outnumber the tree's.
-        spec_tokens = ddtree_args.tokens_per_request_step(server_args)
+        spec_tokens = ddtree_args.step_slots_per_request(server_args)
 
         if page_size > 1 and spec_topk > 1:
             # last partial page and ceil alignment

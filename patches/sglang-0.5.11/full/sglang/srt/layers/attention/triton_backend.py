@@ -336,7 +336,7 @@ class TritonAttnBackend(AttentionBackend):
             max_extend_len = None
         elif forward_batch.forward_mode.is_target_verify():
             # Eager buffers are per step, so a DDTree schedule's bucket runs with its own count.
-            num_draft_tokens = ddtree_guards.eager_verify_tokens(
+            num_draft_tokens = ddtree_guards.eager_verify_width(
                 self.num_draft_tokens, spec_info
             )
             bs = len(forward_batch.req_pool_indices)
@@ -624,7 +624,7 @@ class TritonAttnBackend(AttentionBackend):
             custom_mask = None
             mask_indptr = None
         elif forward_mode.is_target_verify():
-            ddtree_guards.check_backend_tokens(
+            ddtree_guards.check_backend_verify_width(
                 "graph capture", self.num_draft_tokens, spec_info
             )
             qo_indptr = self.qo_indptr[: bs + 1]
@@ -786,7 +786,7 @@ class TritonAttnBackend(AttentionBackend):
             self.get_num_kv_splits(num_kv_splits[:num_token], seq_lens[:bs])
 
         elif forward_mode.is_target_verify():
-            ddtree_guards.check_backend_tokens(
+            ddtree_guards.check_backend_verify_width(
                 "graph replay", self.num_draft_tokens, spec_info
             )
             ddtree_guards.check_replay_mask(self.cuda_graph_verify_uses_mask, spec_info)
