@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(TESTS.parent), str(TESTS / "core")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "core")]
 
 from core_cases import draft_inputs, walk_target  # noqa: E402
 

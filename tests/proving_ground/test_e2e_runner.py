@@ -135,15 +135,15 @@ def test_a_server_crowded_out_of_memory_by_its_wave_is_started_again_alone(setup
 
 
 def test_log_parsing(tmp_path):
-    from proving_ground import e2e
+    from proving_ground.e2e import report, servers
 
     log = tmp_path / "s.log"
     log.write_text("Capture cuda graph end. Time elapsed: 38.50 s. mem usage=0.1 GB\n"
                    "Capture draft cuda graph end. Time elapsed: 12.25 s. mem usage=0.1 GB\n"
                    "Can not initialize OpenAIServingResponses, error: Traceback (most recent call last):\n"
                    "RuntimeError: CUDA error: an illegal memory access was encountered\n")
-    assert e2e.capture_seconds(log) == 50.8
-    assert e2e.fatal_lines(log) == ["RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert report.capture_seconds(log) == 50.8
+    assert report.fatal_lines(log) == ["RuntimeError: CUDA error: an illegal memory access was encountered"]
 
 
 def speed_matrix(tmp_path, matrix):

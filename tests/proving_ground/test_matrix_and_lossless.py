@@ -165,7 +165,7 @@ def test_tp2_and_ep2_servers_shard_over_two_gpus_against_the_tp1_reference():
 
 
 def test_schedule_servers_name_a_schedule_and_ramps_ask_for_fewer_tokens():
-    from proving_ground.e2e import ramp_tokens
+    from proving_ground.e2e.workloads import ramp_tokens
 
     spec = matrix.parse_server("ddtree-smix-weak-spine", {"mix": "1:32/8,3:16/4,12:0"})
     assert (spec.algo, spec.schedule, spec.spine, spec.drafter) == ("DDTREE", "1:32/8,3:16/4,12:0", True, "weak")

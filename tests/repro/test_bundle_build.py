@@ -167,7 +167,9 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
     assert "sglang-kernel 0.4.2 ships kernels for sm 90, 100" in capsys.readouterr().err
     assert cli(["bundle", "--install", str(tmp_path / "x.tar.xz")]) == 2
     assert "--install needs --target" in capsys.readouterr().err
-    assert cli(["selftest"]) == 2, "the proving ground runs as python -m proving_ground, not from the product"
+    with pytest.raises(SystemExit) as stopped:
+        cli(["selftest"])
+    assert stopped.value.code == 2, "the proving ground runs as python -m proving_ground, not from the product"
     assert "invalid choice: 'selftest'" in capsys.readouterr().err
 
 
