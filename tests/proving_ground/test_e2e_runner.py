@@ -463,7 +463,7 @@ def test_a_tune_keeps_the_trace_it_read_for_a_later_calls_table_group(tmp_path):
 
     from proving_ground import tuning
 
-    s10 = REPO / "bench" / "results" / "gpu-session10"
+    s10 = REPO / "bench" / "results" / "2026-12-02-wide-weak-costs-inside-table"
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
     # The trace names its model by the device's path; tune compares names, it reads no weights.

@@ -12,7 +12,7 @@ import pytest
 
 from proving_ground import tuning
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session4"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-weak-schedule-bench-costs"
 TUNE, SPEED = RESULTS / "wide-tune" / "tune.json", RESULTS / "wide-speed" / "e2e-runwide-speed.json"
 
 
@@ -100,7 +100,7 @@ def test_a_schedule_of_the_chain_everywhere_is_checked_as_the_dflash_server(tmp_
                                    "vs_same_config_interval": None}]
 
 
-MID = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session7"
+MID = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-mid-schedule"
 
 
 def test_two_tables_pool_and_the_schedule_meets_its_own_config_as_an_a_a_pair():
@@ -165,7 +165,7 @@ def test_a_ratio_interval_holds_one_for_a_table_against_itself_and_not_for_a_cle
         same, _repeats([300, 320, 310, 330, 305])), "seeded"
 
 
-S8 = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session8"
+S8 = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-mid-schedule-cost-rounds"
 
 
 def test_session_8s_pooled_tables_carry_intervals_and_the_committed_check_is_what_the_tool_prints():
@@ -276,7 +276,7 @@ def test_a_schedule_server_of_the_run_that_did_not_start_is_checked_without_verd
     assert "| dflash | 1 | 40 |" in proc.stdout
 
 
-S9 = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session9"
+S9 = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-weak-schedule-cost-rounds"
 
 
 def test_session_9s_weak_drafter_check_is_what_the_tool_prints():
@@ -338,7 +338,7 @@ def test_a_schedule_served_from_one_tune_is_predicted_by_another(tmp_path):
     assert "its config at C=4, b29k2-spine, has no prediction in the --tune file" in proc.stderr
 
 
-S10 = RESULTS.parent / "gpu-session10"
+S10 = RESULTS.parent / "2026-12-02-wide-weak-costs-inside-table"
 
 
 def test_session_10s_checks_are_what_the_tool_prints_and_the_tables_reproduce_as_tune_predicts():
