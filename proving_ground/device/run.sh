@@ -27,7 +27,7 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 step() { echo "[run.sh $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
 BUNDLE_SHA=$(cut -d' ' -f1 "$G"/k26-site-py3.12-sm90.tar.xz.sha256 2>/dev/null)
-[ -n "$BUNDLE_SHA" ] || { echo "run.sh: $G/k26-site-py3.12-sm90.tar.xz.sha256 is missing (build the bundle: proving_ground/device/README.md)"; exit 2; }
+[ -n "$BUNDLE_SHA" ] || { echo "run.sh: $G/k26-site-py3.12-sm90.tar.xz.sha256 is missing (build the bundle: docs/proving-ground.md)"; exit 2; }
 if [ "$(cat "$K/site/.k26-bundle" 2>/dev/null)" = "$BUNDLE_SHA" ]; then
   step "offline bundle already installed (warm machine): reusing $K/site"
 else

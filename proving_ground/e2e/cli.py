@@ -15,7 +15,7 @@ from proving_ground.e2e.run import MatrixRun
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m proving_ground",
                                      description="The GPU proving-ground runner: real sglang servers, one matrix run, "
-                                     "one JSON + markdown table (proving_ground/device/README.md).")
+                                     "one JSON + markdown table (docs/proving-ground.md).")
     parser.add_argument("--matrix", type=Path, required=True, help="proving_ground/device/matrix.json")
     parser.add_argument("--run", required=True, help="which run of the matrix (its \"runs\" keys)")
     parser.add_argument("--site", type=Path, required=True, help="installed offline bundle (PYTHONPATH folder)")
