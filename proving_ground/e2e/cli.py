@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-repeats", type=int, default=3, metavar="N",
                         help="each cost is the median of N rounds across the cost servers, one closed loop per "
                         "server and concurrency each (default 3, not the speed table's 5, so that seven cost "
-                        "servers fit one device call beside the trace cells)")
+                        "servers fit one run beside the trace cells)")
     parser.add_argument("--keep-for", action="append", default=[], metavar="RUN",
-                        help="leave running the servers matrix run RUN also starts, for a later device call on the "
+                        help="leave running the servers matrix run RUN also starts, for a later run on the "
                         "same warm machine to reuse (recorded in WORK/servers.json; repeatable)")
     args = parser.parse_args(argv)
     if args.cost_repeats < 1 or not args.cost_seconds > 0:

@@ -238,8 +238,9 @@ class MatrixRun:
                 self.start_alone(server, start_s)
 
     def start_alone(self, server: Server, start_s: float) -> None:
-        """Once more, now that its wave has settled (session 9 lost b16/k4 to three neighbours
-        loading beside it: bench/results/2026-12-01-wide-weak-schedule-cost-rounds); the first start's log is kept beside."""
+        """Once more, now that its wave has settled: SGLang sizes a server's pool from the memory free
+        around its own weight load, so neighbours loading beside it can leave it none
+        (bench/results/2026-12-01-wide-weak-schedule-cost-rounds). The first start's log is kept beside."""
         if self.time_left() < start_s + MIN_WORKLOAD_S:
             say(f"{server.spec.name}: too little time left to start it again alone (a start took {start_s:.0f} s)")
             return

@@ -456,7 +456,7 @@ def test_cost_settings_that_measure_nothing_are_refused_before_anything_starts(s
 def test_a_tune_keeps_the_trace_it_read_for_a_later_calls_table_group(tmp_path):
     """The trace server goes on appending to its live trace: what a group's tune read is kept in
     WORK once that tune has run, and a table group of a later run tunes on that copy, at the C
-    its costs measured (session 10's trace and costs, tune for real)."""
+    its costs measured (a committed trace and costs, tune for real)."""
     import argparse
     import lzma
     import tarfile
