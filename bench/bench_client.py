@@ -3,7 +3,7 @@ a server on 127.0.0.1 (another process) that answers every /generate after a fix
 
   pools        k26_ddtree.bench.client.ServerClient: pools of up to 16 connections, first fit
   shared pool  the same client with every request through one httpx.AsyncClient of C connections
-               (bench's client until session 6)
+               (the client that caps a closed loop of 64 at about 100 requests/s)
 
 The server alone would serve C / delay requests/s ("ideal"). Each cell: the median of 5 repeats
 of >= 3 s (min-max).
@@ -72,7 +72,7 @@ async def closed_loop(post, concurrency: int) -> float:
 
 
 class SharedPool(ServerClient):
-    """ServerClient as it was until session 6: every request through one pool of C connections."""
+    """ServerClient with every request through one pool of C connections, for comparison."""
 
     def __init__(self, url: str, concurrency: int):
         super().__init__(url, None, 60.0, concurrency + 4)

@@ -1,4 +1,4 @@
-"""`python -m proving_ground ARGS`: the end-to-end runner (proving_ground/device/README.md)."""
+"""`python -m proving_ground ARGS`: the end-to-end runner (docs/proving-ground.md)."""
 
 import sys
 

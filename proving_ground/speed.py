@@ -1,6 +1,6 @@
 """Side-by-side speed on the proving ground: repeats long enough to resolve a few percent.
 
-A speed table compares servers that all run on one GPU during one device call.
+A speed table compares servers that all run on one GPU during one run.
 Per cell (concurrency, temperature) every server first runs one warm-up pass
 (untimed). A repeat keeps `concurrency` requests in flight (a closed loop: a
 finished request's slot takes the next at once) and stops issuing new ones at

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # One proving-ground run on a GPU box with no network: bash proving_ground/device/run.sh RUN
-#   RUN: a run in proving_ground/device/matrix.json: prove, speed-weak, speed-real (the speed tables), or the
-#   earlier matrix runs 1, 2, 3 (23: runs 2 and 3 at once), final, profile, validate.
+#   RUN: a run in proving_ground/device/matrix.json: prove, speed-weak, speed-real (the speed tables), the
+#   lossless matrix runs 1, 2, 3 (23: runs 2 and 3 at once), final, profile, validate, or the tune runs.
 # Reads .gpu/ (carried): k26-site-py3.12-sm90.tar.xz (required); model.tar.xz, jit-cache.tar.xz and
 # oracle.json (optional: without model.tar.xz the model pairs are trained here and written to
 # $OUT/model.tar.xz; without oracle.json the -oracle servers start after this run's AR reference).
-# A warm machine (a device call within ~30 s of the last) still has /tmp/k26 and the servers an
-# earlier run kept (K26_E2E_ARGS="--keep-for RUN"): the installed site, the models and the JIT
+# A machine that ran an earlier run still has /tmp/k26 and the servers that run kept (K26_E2E_ARGS="--keep-for RUN"): the installed site, the models and the JIT
 # caches are then reused as they are, and so are those servers.
-# Writes under $OUT (default ./gpu-out), at most 8 files as the device tool brings back (a run that
-# trains, with K26_GPU_STATE=1, can write 9: the device tool then leaves one behind):
+# Writes under $OUT (default ./gpu-out), at most 8 files (a run that trains, with K26_GPU_STATE=1, 9):
 # e2e-runRUN.json/.md (the JSON also holds the models' train report and offline acceptance table),
 # speed-runRUN.md for a speed run, logs-runRUN.tar.xz, oracle-runRUN.json, jit-cache.tar.xz, run.log
 # (graph_check's output included when it trained), gpu-state-runRUN.csv with K26_GPU_STATE=1, and
@@ -27,7 +25,7 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 step() { echo "[run.sh $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
 BUNDLE_SHA=$(cut -d' ' -f1 "$G"/k26-site-py3.12-sm90.tar.xz.sha256 2>/dev/null)
-[ -n "$BUNDLE_SHA" ] || { echo "run.sh: $G/k26-site-py3.12-sm90.tar.xz.sha256 is missing (build the bundle: proving_ground/device/README.md)"; exit 2; }
+[ -n "$BUNDLE_SHA" ] || { echo "run.sh: $G/k26-site-py3.12-sm90.tar.xz.sha256 is missing (build the bundle: docs/proving-ground.md)"; exit 2; }
 if [ "$(cat "$K/site/.k26-bundle" 2>/dev/null)" = "$BUNDLE_SHA" ]; then
   step "offline bundle already installed (warm machine): reusing $K/site"
 else
@@ -95,9 +93,9 @@ fi
 
 # K26_GPU_STATE=1: the card's clocks, power and load once a second beside the run (repeats carry
 # their start times), to read off whether a table's drift is the card's own. Off by default: a
-# measurement runs with nothing else querying the driver (session 8 ran it: clocks held 1980 MHz).
-# It takes one of the 8 files that come back. nvidia-smi's timestamps are the machine's local time
-# (UTC on the lent machines), repeat_started epoch seconds.
+# measurement runs with nothing else querying the driver (an H200's SM clock held 1980 MHz under load).
+# It writes one more file. nvidia-smi's timestamps are the machine's local time
+# (often UTC), repeat_started epoch seconds.
 SMI_PID=
 if [ "${K26_GPU_STATE:-0}" = 1 ]; then
   if command -v nvidia-smi >/dev/null; then

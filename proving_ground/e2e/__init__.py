@@ -17,7 +17,7 @@ servers run on a patched copy of the site (`python -m k26_ddtree apply
 is written by --deadline-s whatever happens.
 
 Servers can outlive the run (--keep-for RUN: those a later run needs): a warm
-machine keeps /tmp and session leaders between device calls, so the next run
+machine keeps /tmp and session leaders between runs, so the next run
 reuses every server it finds alive, healthy and started from the same bundle,
 code, models and settings (WORK/servers.json, written at every launch), pays
 no start-up, and stops every other server it finds recorded there.

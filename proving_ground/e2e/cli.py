@@ -15,7 +15,7 @@ from proving_ground.e2e.run import MatrixRun
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m proving_ground",
                                      description="The GPU proving-ground runner: real sglang servers, one matrix run, "
-                                     "one JSON + markdown table (proving_ground/device/README.md).")
+                                     "one JSON + markdown table (docs/proving-ground.md).")
     parser.add_argument("--matrix", type=Path, required=True, help="proving_ground/device/matrix.json")
     parser.add_argument("--run", required=True, help="which run of the matrix (its \"runs\" keys)")
     parser.add_argument("--site", type=Path, required=True, help="installed offline bundle (PYTHONPATH folder)")
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-repeats", type=int, default=3, metavar="N",
                         help="each cost is the median of N rounds across the cost servers, one closed loop per "
                         "server and concurrency each (default 3, not the speed table's 5, so that seven cost "
-                        "servers fit one device call beside the trace cells)")
+                        "servers fit one run beside the trace cells)")
     parser.add_argument("--keep-for", action="append", default=[], metavar="RUN",
-                        help="leave running the servers matrix run RUN also starts, for a later device call on the "
+                        help="leave running the servers matrix run RUN also starts, for a later run on the "
                         "same warm machine to reuse (recorded in WORK/servers.json; repeatable)")
     args = parser.parse_args(argv)
     if args.cost_repeats < 1 or not args.cost_seconds > 0:

@@ -1,4 +1,4 @@
-"""What lets a later device call on a warm machine reuse servers, and the oracle file they share."""
+"""What lets a later run on the same machine reuse servers, and the oracle file they share."""
 
 from __future__ import annotations
 

@@ -156,7 +156,7 @@ class MatrixRun:
         last = set(self.spec.get("last_wave", []))
         self.launch_and_wait([s for s in now if s.spec.name not in first | last])
         # SGLang sizes a server's pool from the memory free while it starts: one started beside
-        # several others of a 12 GB model can find too little (bench/results/gpu-session5).
+        # several others of a 12 GB model can find too little (bench/results/2026-12-01-wide-weak-schedule-steady-costs).
         self.launch_and_wait([s for s in now if s.spec.name in last - first])
         for t in warmers:
             t.join(timeout=max(1.0, self.time_left() - MIN_WORKLOAD_S))
@@ -238,8 +238,9 @@ class MatrixRun:
                 self.start_alone(server, start_s)
 
     def start_alone(self, server: Server, start_s: float) -> None:
-        """Once more, now that its wave has settled (session 9 lost b16/k4 to three neighbours
-        loading beside it: bench/results/gpu-session9); the first start's log is kept beside."""
+        """Once more, now that its wave has settled: SGLang sizes a server's pool from the memory free
+        around its own weight load, so neighbours loading beside it can leave it none
+        (bench/results/2026-12-01-wide-weak-schedule-cost-rounds). The first start's log is kept beside."""
         if self.time_left() < start_s + MIN_WORKLOAD_S:
             say(f"{server.spec.name}: too little time left to start it again alone (a start took {start_s:.0f} s)")
             return

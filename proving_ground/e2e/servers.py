@@ -18,7 +18,7 @@ from proving_ground import matrix
 REQUEST_TIMEOUT_S = 300
 STOP_TIMEOUT_S = 20
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-# NVLink multicast stays off on the lent machines (device KINDS.md).
+# NVLink multicast stays off: the multi-GPU hosts it runs on do not offer it.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # SGLang's KV pool check (pool_configurator.MemoryPoolConfig), failed when neighbours that started
 # beside a server allocated while it profiled free memory around its weight load.

@@ -457,14 +457,14 @@ def test_cost_settings_that_measure_nothing_are_refused_before_anything_starts(s
 def test_a_tune_keeps_the_trace_it_read_for_a_later_calls_table_group(tmp_path):
     """The trace server goes on appending to its live trace: what a group's tune read is kept in
     WORK once that tune has run, and a table group of a later run tunes on that copy, at the C
-    its costs measured (session 10's trace and costs, tune for real)."""
+    its costs measured (a committed trace and costs, tune for real)."""
     import argparse
     import lzma
     import tarfile
 
     from proving_ground import tuning
 
-    s10 = REPO / "bench" / "results" / "gpu-session10"
+    s10 = REPO / "bench" / "results" / "2026-12-02-wide-weak-costs-inside-table"
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
     # The trace names its model by the device's path; tune compares names, it reads no weights.

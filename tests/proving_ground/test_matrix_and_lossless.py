@@ -30,7 +30,7 @@ def test_three_runs_cover_every_pair_with_both_drafters_once():
 
 
 def test_run_names_fit_device_output_file_names():
-    # The device tool brings back only files named with letters, digits, '.', '_' and '-'.
+    # Output files are named with letters, digits, '.', '_' and '-' only, so that any copy tool carries them.
     import re
     for run in matrix.load(MATRIX)["runs"]:
         assert re.fullmatch(r"[A-Za-z0-9._-]+", f"e2e-run{run}.json")

@@ -1,6 +1,6 @@
 """proving_ground/device/tp_topk_check.py on the CPU: the vocab-sharded draft top-K with real processes and
 real collectives (torch.distributed over gloo), against one rank's whole-vocabulary top-K. On two
-GPUs the same script runs over NCCL (proving_ground/device/README.md, the tp2 run)."""
+GPUs the same script runs over NCCL (docs/proving-ground.md, the tp2 run)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """tune's predictions against a measured speed table (proving_ground.tuning), on the files the
-proving ground committed: session 4's cost-realistic target, tune run on the device."""
+proving ground committed: the cost-realistic target, tune run on the device."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from proving_ground import tuning
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session4"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-weak-schedule-bench-costs"
 TUNE, SPEED = RESULTS / "wide-tune" / "tune.json", RESULTS / "wide-speed" / "e2e-runwide-speed.json"
 
 
@@ -100,11 +100,11 @@ def test_a_schedule_of_the_chain_everywhere_is_checked_as_the_dflash_server(tmp_
                                    "vs_same_config_interval": None}]
 
 
-MID = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session7"
+MID = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-mid-schedule"
 
 
 def test_two_tables_pool_and_the_schedule_meets_its_own_config_as_an_a_a_pair():
-    """Session 7's two back-to-back tables of the mid drafter: every cell is the mean of the two
+    """Two back-to-back tables of the mid drafter: every cell is the mean of the two
     medians, and where the schedule serves b16k4-spine (C = 4 and 16) the b16 server is its twin."""
     tables = [MID / run / "e2e-runwide-speed-mid.json" for run in ("wide-speed-mid", "wide-speed-mid-2")]
     result = tuning.check(MID / "wide-tune-mid" / "tune" / "mid" / "tune.json", tables, "ddtree-stunedmid-mid-spine")
@@ -165,11 +165,11 @@ def test_a_ratio_interval_holds_one_for_a_table_against_itself_and_not_for_a_cle
         same, _repeats([300, 320, 310, 330, 305])), "seeded"
 
 
-S8 = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session8"
+S8 = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-mid-schedule-cost-rounds"
 
 
 def test_session_8s_pooled_tables_carry_intervals_and_the_committed_check_is_what_the_tool_prints():
-    """Session 8's tables kept every repeat's rate: each ratio gets its bootstrap interval over the
+    """Tables that keep every repeat's rate (the mid drafter, costs in rounds): each ratio gets its bootstrap interval over the
     rounds. Against the best single config the schedule is nowhere measurably slower (every upper
     bound over 1) and at C=16 measurably faster; so it is against DFLASH at C=16."""
     tables = [S8 / run / "e2e-runwide-speed-mid.json" for run in ("wide-speed-mid", "wide-speed-mid-2")]
@@ -276,11 +276,11 @@ def test_a_schedule_server_of_the_run_that_did_not_start_is_checked_without_verd
     assert "| dflash | 1 | 40 |" in proc.stdout
 
 
-S9 = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu-session9"
+S9 = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-weak-schedule-cost-rounds"
 
 
 def test_session_9s_weak_drafter_check_is_what_the_tool_prints():
-    """Session 9: the weak drafter's costs, measured a call before the tables, sit under them; tune's
+    """The weak drafter's costs, measured a run before the tables, sit under them; tune's
     model on the tables' own step times puts the schedule within 10.2 % of what it served."""
     tables = [S9 / run / "e2e-runwide-speed.json" for run in ("wide-speed", "wide-speed-2")]
     result = tuning.check(S9 / "wide-tune" / "tune" / "weak" / "tune.json", tables, "ddtree-stuned-weak-spine")
@@ -292,7 +292,7 @@ def test_session_9s_weak_drafter_check_is_what_the_tool_prints():
 
 
 def test_the_cost_cells_are_set_against_the_tables_cells_of_the_same_servers():
-    """Session 9: tune's costs (call 1) against the pooled tables (calls 2 and 3), as rates."""
+    """tune's costs (the first run) against the pooled tables (the next two runs), as rates."""
     tables = [S9 / run / "e2e-runwide-speed.json" for run in ("wide-speed", "wide-speed-2")]
     result = tuning.check(S9 / "wide-tune" / "tune" / "weak" / "tune.json", tables, "ddtree-stuned-weak-spine")
     rows = {(r["server"], r["concurrency"]): r for r in result["costs_vs_table"]}
@@ -338,13 +338,13 @@ def test_a_schedule_served_from_one_tune_is_predicted_by_another(tmp_path):
     assert "its config at C=4, b29k2-spine, has no prediction in the --tune file" in proc.stderr
 
 
-S10 = RESULTS.parent / "gpu-session10"
+S10 = RESULTS.parent / "2026-12-02-wide-weak-costs-inside-table"
 
 
 def test_session_10s_checks_are_what_the_tool_prints_and_the_tables_reproduce_as_tune_predicts():
-    """Session 10: tune's costs (call 1) predict the two tables of the same servers within 10 % in 15
+    """The weak drafter with costs inside the table: tune's costs (the first run) predict the two tables of the same servers within 10 % in 15
     of 20 pooled cells, while the two tables agree within 10 % in 12 of 20; the costs measured
-    inside table 2's call sit around it (median 0) and set no offset."""
+    inside table 2's run sit around it (median 0) and set no offset."""
     tune = S10 / "wide-tune" / "tune" / "weak" / "tune.json"
     tables = [S10 / "wide-speed" / "e2e-runwide-speed.json", S10 / "wide-speed-costed" / "e2e-runwide-speed-costed.json"]
     pooled = tuning.check(tune, tables, "ddtree-stuned-weak-spine")

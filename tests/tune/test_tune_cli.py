@@ -16,7 +16,7 @@ from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.sglang import trace
 
 REPO = Path(__file__).resolve().parents[2]
-LIVE = REPO / "bench/results/gpu-final/bench-harness/bench-harness.json"
+LIVE = REPO / "bench/results/2026-11-30-tiny-lossless-small-budgets-spine-bench/bench-harness/bench-harness.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 D = 7
 

@@ -14,7 +14,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.tune.costs import load_costs
 
 REPO = Path(__file__).resolve().parents[2]
-LIVE = REPO / "bench/results/gpu-final/bench-harness/bench-harness.json"
+LIVE = REPO / "bench/results/2026-11-30-tiny-lossless-small-budgets-spine-bench/bench-harness/bench-harness.json"
 
 
 def test_a_cells_step_time_is_c_times_acceptance_over_tok_s(tmp_path):
