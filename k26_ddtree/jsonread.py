@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from k26_ddtree import paths
+from k26_ddtree.errors import UserError
 
 # More than any file the toolkit writes or reads as JSON (a bench results file of many runs is a
 # few MB); a larger one is read by mistake.
@@ -91,6 +92,10 @@ def read_json(path: Path, what: str | None = None, max_depth: int | None = None,
               max_bytes: int = MAX_FILE_BYTES):
     """The parsed JSON file at `path`, named `what` (default: the path) in any Unreadable.
     FileNotFoundError passes through: whether a missing file is an error is the caller's to say.
-    A path that is no regular file, or a file over max_bytes, is a UserError (paths.read_input)."""
+    A path that is no regular file, or a file over max_bytes, is Unreadable too (paths.read_input)."""
     what = str(path) if what is None else what
-    return parse_json(paths.read_input(Path(path), what, max_bytes), what, max_depth)
+    try:
+        data = paths.read_input(Path(path), what, max_bytes)
+    except UserError as err:
+        raise Unreadable(str(err)) from None
+    return parse_json(data, what, max_depth)
