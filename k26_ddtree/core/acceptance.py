@@ -106,8 +106,11 @@ def committed_every_budget(draft: DraftTopK, topk: int, budget: int) -> torch.Te
             spine_keys.append((spine_cost.view(torch.int32).long() << 32) + base ** (d + 1))
         path_key = torch.stack(path_keys, 1)
         spine_key = torch.stack(spine_keys, 1)
-        keys = _candidates(logprobs, plan, base).sort(1).values
-        smaller = torch.searchsorted(keys, path_key)
+        # Only steps whose true path enters the tree need the count; the others accept no draft.
+        entering = on_path[:, 0].nonzero().squeeze(1)
+        smaller = torch.full((rows, levels), budget + 1, dtype=torch.long)
+        keys = _candidates(logprobs[entering], plan, base).sort(1).values
+        smaller[entering] = torch.searchsorted(keys, path_key[entering])
         spine_path = (rank == 0).cumprod(1).bool()
         spine_smaller = torch.searchsorted(spine_key, path_key)
         position = {False: smaller,

@@ -206,6 +206,15 @@ def acceptance(records: Records, rep: Replay, shapes: list[TreeShape],
     by_topk: dict[int, list[tuple[int, TreeShape]]] = {}
     for column, shape in enumerate(shapes):
         by_topk.setdefault(shape.topk, []).append((column, shape))
+    # Per topk: its largest budget, the shapes' columns and where each lies in committed_every_budget's
+    # [2, A, budget] output, read as [A, 2 * budget].
+    plans = []
+    for topk, columns in by_topk.items():
+        widest = max(shape.budget for _, shape in columns)
+        picks = torch.tensor([int(shape.spine) * widest + shape.budget - 1 for _, shape in columns])
+        plans.append((topk, widest, torch.tensor([column for column, _ in columns]), picks))
+    # Summed in the order of the plans' columns (one block per topk), put back in shapes' order once at the end.
+    order = torch.cat([columns for _, _, columns, _ in plans])
     sums = torch.zeros(rep.groups, len(shapes), dtype=torch.long)
     steps = torch.zeros(rep.groups, dtype=torch.long).index_add_(0, rep.group, torch.ones_like(rep.group))
     done = 0
@@ -213,17 +222,16 @@ def acceptance(records: Records, rep: Replay, shapes: list[TreeShape],
         part = steps_of(rows, rep.depth)
         at = slice(done, done + len(rows))
         draft = DraftTopK(part.tokens, part.logprobs, rep.truth[at].long(), part.root)
-        found = torch.empty(len(rows), len(shapes), dtype=torch.long)
-        for topk, columns in by_topk.items():
-            widest = max(shape.budget for _, shape in columns)
-            every = committed_every_budget(draft, topk, widest)
-            for column, shape in columns:
-                found[:, column] = every[int(shape.spine), :, shape.budget - 1]
+        found = torch.cat([
+            committed_every_budget(draft, topk, widest).permute(1, 0, 2).reshape(len(rows), 2 * widest)[:, picks]
+            for topk, widest, _, picks in plans], dim=1)
         sums.index_add_(0, rep.group[at], found)
         done += len(rows)
         if on_steps is not None:
             on_steps(done)
-    return Acceptance(shapes, sums, steps)
+    in_order = torch.empty_like(sums)
+    in_order[:, order] = sums
+    return Acceptance(shapes, in_order, steps)
 
 
 def as_served(table: dict[TreeShape, float], rep: Replay) -> dict[TreeShape, float]:
