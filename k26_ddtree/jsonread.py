@@ -10,6 +10,9 @@ was read and why it cannot be used.
 JSON that parses can still be too deep for what comes next: the bench's secret scrubber and its
 indented results writer recurse once per level and hit the recursion limit near 500. Such a
 reader passes max_depth and gets TooDeep, long before that.
+
+An object that names a key twice is refused too: json.loads keeps the last value silently, so
+the file would mean something other than what a person reading it from the top sees.
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ import json
 import sys
 from pathlib import Path
 
+from k26_ddtree import paths
+from k26_ddtree.errors import UserError
+
+# More than any file the toolkit writes or reads as JSON (a bench results file of many runs is a
+# few MB); a larger one is read by mistake.
+MAX_FILE_BYTES = 256 * paths.MB
+
 
 class Unreadable(ValueError):
     """JSON that cannot be used, in one line naming it ("<what> is not UTF-8 text")."""
@@ -25,6 +35,21 @@ class Unreadable(ValueError):
 
 class NotText(Unreadable):
     """Bytes that are not UTF-8: not JSON text at all."""
+
+
+class _Duplicate(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    found = {}
+    for key, value in pairs:
+        if key in found:
+            raise _Duplicate(key)
+        found[key] = value
+    return found
 
 
 class TooDeep(Unreadable):
@@ -39,7 +64,9 @@ def parse_json(data: str | bytes, what: str, max_depth: int | None = None):
     try:
         # Decoded here: json.loads would take UTF-16 and UTF-32 bytes too, which JSON from a
         # file or a server never rightly is.
-        value = json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+        value = json.loads(data.decode("utf-8") if isinstance(data, bytes) else data, object_pairs_hook=_unique_keys)
+    except _Duplicate as err:
+        raise Unreadable(f"{what} is not usable JSON: an object names the key {err.key[:60]!r} twice") from None
     except UnicodeDecodeError:
         raise NotText(f"{what} is not UTF-8 text") from None
     except json.JSONDecodeError as err:
@@ -61,14 +88,14 @@ def parse_json(data: str | bytes, what: str, max_depth: int | None = None):
     return value
 
 
-def read_json(path: Path, what: str | None = None, max_depth: int | None = None):
+def read_json(path: Path, what: str | None = None, max_depth: int | None = None,
+              max_bytes: int = MAX_FILE_BYTES):
     """The parsed JSON file at `path`, named `what` (default: the path) in any Unreadable.
-    FileNotFoundError passes through: whether a missing file is an error is the caller's to say."""
+    FileNotFoundError passes through: whether a missing file is an error is the caller's to say.
+    A path that is no regular file, or a file over max_bytes, is Unreadable too (paths.read_input)."""
     what = str(path) if what is None else what
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as err:
-        raise Unreadable(f"{what} cannot be read ({err.strerror or err})") from None
+        data = paths.read_input(Path(path), what, max_bytes)
+    except UserError as err:
+        raise Unreadable(str(err)) from None
     return parse_json(data, what, max_depth)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import sys
 
 import pytest
@@ -37,8 +39,21 @@ def test_text_that_is_not_json_is_unreadable_naming_it(data, message):
     assert str(raised.value) == message
 
 
+def test_an_object_naming_a_key_twice_is_unreadable():
+    with pytest.raises(jsonread.Unreadable, match="names the key 'spine' twice"):
+        jsonread.parse_json('{"spine": true, "spine": false}', "x")
+
+
 def test_a_file_that_cannot_be_read_is_unreadable_and_a_missing_one_is_the_callers_to_judge(tmp_path):
-    with pytest.raises(jsonread.Unreadable, match=r"^pins\.json cannot be read \(Is a directory\)$"):
+    with pytest.raises(jsonread.Unreadable, match=r"^pins\.json is not a regular file \(a folder\)$"):
         jsonread.read_json(tmp_path, "pins.json")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(jsonread.Unreadable, match=r"is not a regular file \(a FIFO\)$"):
+        jsonread.read_json(fifo)
+    big = tmp_path / "big.json"
+    big.write_text("[" + "0," * 600 + "0]")
+    with pytest.raises(jsonread.Unreadable, match=r"more than the .* MB read at most"):
+        jsonread.read_json(big, max_bytes=1000)
     with pytest.raises(FileNotFoundError):
         jsonread.read_json(tmp_path / "missing.json")

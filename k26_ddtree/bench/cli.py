@@ -14,6 +14,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from k26_ddtree import paths
 from k26_ddtree.bench.results import MAX_CONCURRENCY, MAX_REQUESTS
 from k26_ddtree.cli import checks
 
@@ -66,6 +67,17 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+# A closed loop longer than a day is a typo (1e308 would never end, and overflows deadlines).
+MAX_STEADY_S = 86400.0
+
+
+def steady_seconds(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_STEADY_S:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_STEADY_S:g} seconds (a day), got {text!r}")
     return value
 
 
@@ -143,7 +155,7 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
                         "given in file order and cycled; a cell's prompts are whole cycles of the set, enough for C in "
                         "flight (or --requests of them), its context the mean prompt length; not with "
                         "--prompt-file, --id-range, --contexts")
-    g.add_argument("--steady", type=positive_float, metavar="SECONDS",
+    g.add_argument("--steady", type=steady_seconds, metavar="SECONDS",
                    help="steady state: per cell, --repeats closed loops of plain (not streamed) requests, C in "
                         "flight, the cell's prompts cycled until a whole cycle ends after SECONDS; output_tok_s "
                         "is the median repeat. The step times `tune` reads from cells are a server's serving C "
@@ -248,10 +260,12 @@ def _run_options(args, with_matrix: bool, with_eval: bool):
             tokenizer=args.tokenizer,
             prompt_set=args.prompt_set,
         )
+    out = args.out or default_out()
+    paths.output_target(out, "--out")  # before the server is asked anything
     options = RunOptions(
         url=args.url,
         api_key=read_api_key(args.api_key_file),
-        out=args.out or default_out(),
+        out=out,
         label=args.label,
         profile=args.profile,
         budget=getattr(args, "budget", None),
@@ -291,7 +305,9 @@ def _execute(options) -> int:
     try:
         run = execute_run(options)
     except KeyboardInterrupt:
-        print(f"bench: interrupted; finished cells are in {options.out}", file=sys.stderr)
+        where = (f"finished cells are in {options.out}" if Path(options.out).is_file()
+                 else f"no cell finished, nothing was written to {options.out}")
+        print(f"bench: interrupted; {where}", file=sys.stderr)
         return 130
     return _outcome(run, options.out)
 

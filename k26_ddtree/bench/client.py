@@ -30,6 +30,9 @@ WAIT_NOTE_EVERY_S = 10.0
 # SGLang's answers nest under 10 levels; deeper is refused before the secret scrubber and the
 # results writer, which recurse once per level, meet it.
 MAX_ANSWER_DEPTH = 64
+# Far more than any answer SGLang gives (a long completion's text is a few hundred KB): a larger
+# one is refused before it fills memory, a cost that multiplies with the requests in flight.
+MAX_ANSWER_BYTES = 16 << 20
 # Small enough that a pool's per-request work stays flat, large enough that a closed loop of 16
 # takes one pool (a pool per request ran about 8 % fewer requests/s at C=16 in bench_client.py).
 POOL_CONNECTIONS = 16
@@ -95,6 +98,35 @@ def _count(meta: dict, key: str) -> int:
     return value
 
 
+class AnswerTooLarge(ValueError):
+    """An answer body, or one line of a stream, over MAX_ANSWER_BYTES."""
+
+
+async def _body(response: httpx.Response) -> bytes:
+    """The whole body of a streamed response, refused past MAX_ANSWER_BYTES."""
+    data = bytearray()
+    async for piece in response.aiter_bytes():
+        data += piece
+        if len(data) > MAX_ANSWER_BYTES:
+            raise AnswerTooLarge(f"the answer is larger than {MAX_ANSWER_BYTES >> 20} MB")
+    return bytes(data)
+
+
+async def _lines(response: httpx.Response):
+    """The lines of a streamed body, each refused past MAX_ANSWER_BYTES."""
+    pending = bytearray()
+    async for piece in response.aiter_bytes():
+        pending += piece
+        *whole, rest = pending.split(b"\n")
+        for line in whole:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+        pending = bytearray(rest)
+        if len(pending) > MAX_ANSWER_BYTES:
+            raise AnswerTooLarge(f"a stream line is longer than {MAX_ANSWER_BYTES >> 20} MB")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
 def _error_text(response: httpx.Response, body: bytes) -> str:
     snippet = body.decode(errors="replace").strip().replace("\n", " ")
     return f"HTTP {response.status_code}: {snippet[:200]}"
@@ -145,8 +177,11 @@ class ServerClient:
         not a JSON object or nests too deep to record) is one UserError line."""
         url = f"{self.base_url}{path}"
         try:
-            async with self._pool() as http:
-                response = await http.get(path)
+            response, content = await asyncio.wait_for(self._request("GET", path), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise UserError(f"{url} gave no whole answer within --request-timeout {self.timeout_s:g}s") from None
+        except AnswerTooLarge as err:
+            raise UserError(f"{url}: {err}") from None
         except httpx.HTTPError as err:
             raise UserError(f"cannot reach {url}: {_exception_text(err)}") from None
         if response.status_code == 401:
@@ -156,7 +191,7 @@ class ServerClient:
         if response.status_code != 200:
             raise UserError(f"{url} answered HTTP {response.status_code}")
         try:
-            body = jsonread.parse_json(response.content, f"the answer of {url}", MAX_ANSWER_DEPTH)
+            body = jsonread.parse_json(content, f"the answer of {url}", MAX_ANSWER_DEPTH)
         except jsonread.TooDeep as err:
             raise UserError(f"{url} answered {err}") from None
         except jsonread.Unreadable:
@@ -164,6 +199,12 @@ class ServerClient:
         if not isinstance(body, dict):
             raise UserError(f"{url} answered {json.dumps(body)[:40]}, not a JSON object")
         return body
+
+    async def _request(self, method: str, path: str, **kwargs) -> tuple[httpx.Response, bytes]:
+        """(response, body) of one request, the body read under MAX_ANSWER_BYTES; the caller bounds
+        the time (httpx's timeout bounds each read, and a body trickled a byte at a time never trips it)."""
+        async with self._pool() as http, http.stream(method, path, **kwargs) as response:
+            return response, await _body(response)
 
     async def server_info(self) -> dict:
         """GET /server_info (the older alias /get_server_info when the first is missing)."""
@@ -195,12 +236,15 @@ class ServerClient:
         last, noted_at = "no answer", None
         while time.monotonic() < deadline:
             try:
-                async with self._pool() as http:
-                    response = await http.get("/health_generate", timeout=min(20.0, timeout_s))
+                # The whole answer within what is left: a server trickling bytes must not hold the wait.
+                left = min(20.0, deadline - time.monotonic())
+                response, _ = await asyncio.wait_for(self._request("GET", "/health_generate"), max(left, 0.001))
                 if response.status_code == 200:
                     return
                 last = f"HTTP {response.status_code}"
-            except httpx.HTTPError as err:
+            except asyncio.TimeoutError:
+                last = "no whole answer in time"
+            except (httpx.HTTPError, AnswerTooLarge) as err:
                 last = _exception_text(err)
             now = time.monotonic()
             if noted_at is None or now - noted_at >= WAIT_NOTE_EVERY_S:
@@ -219,9 +263,10 @@ class ServerClient:
         last = ""
         for _ in range(attempts):
             try:
-                async with self._pool() as http:
-                    response = await http.post("/flush_cache")
-            except httpx.HTTPError as err:
+                response, _ = await asyncio.wait_for(self._request("POST", "/flush_cache"), self.timeout_s)
+            except asyncio.TimeoutError:
+                last = "no whole answer in time"
+            except (httpx.HTTPError, AnswerTooLarge) as err:
                 last = type(err).__name__
             else:
                 if response.status_code == 200:
@@ -236,16 +281,26 @@ class ServerClient:
         Chunks carry the whole text so far, or only the new piece when the
         server runs with --incremental-streaming-output (`incremental_text`).
         """
-        payload = {**payload, "stream": True}
         start = time.perf_counter()
         record = GenerateRecord(ok=False)
+        try:
+            # httpx's timeout bounds each read, and a stream trickled a byte at a time never trips
+            # it: the whole answer is due within --request-timeout, as unstreamed.
+            return await asyncio.wait_for(self._stream(payload, incremental_text, start, record), self.timeout_s)
+        except asyncio.TimeoutError:
+            record.error = f"no whole answer within --request-timeout {self.timeout_s:g}s"
+            return record
+
+    async def _stream(self, payload: dict, incremental_text: bool, start: float,
+                      record: GenerateRecord) -> GenerateRecord:
+        payload = {**payload, "stream": True}
         last_chunk_at = None
         try:
             async with self._pool() as http, http.stream("POST", "/generate", json=payload) as response:
                 if response.status_code != 200:
-                    record.error = _error_text(response, await response.aread())
+                    record.error = _error_text(response, (await _body(response))[:1000])
                     return record
-                async for line in response.aiter_lines():
+                async for line in _lines(response):
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -282,10 +337,6 @@ class ServerClient:
             return record
         return _settled(record, start, "stream ended without tokens")
 
-    async def _post(self, path: str, payload: dict) -> httpx.Response:
-        async with self._pool() as http:
-            return await http.post(path, json=payload)
-
     async def generate_unstreamed(self, payload: dict) -> GenerateRecord:
         """POST /generate with "stream": false: the counts and the latency only (no TTFT, no chunk
         gaps). The steady mode's closed loop measures throughput, and a streamed answer costs
@@ -296,11 +347,12 @@ class ServerClient:
         try:
             # httpx's timeout bounds each read, and a body trickled a byte at a time never
             # trips it: the whole answer is due within --request-timeout.
-            response = await asyncio.wait_for(self._post("/generate", payload), self.timeout_s)
+            response, content = await asyncio.wait_for(self._request("POST", "/generate", json=payload),
+                                                       self.timeout_s)
             if response.status_code != 200:
-                record.error = _error_text(response, response.content)
+                record.error = _error_text(response, content)
                 return record
-            body = jsonread.parse_json(response.content, "the /generate answer", MAX_ANSWER_DEPTH)
+            body = jsonread.parse_json(content, "the /generate answer", MAX_ANSWER_DEPTH)
             if not isinstance(body, dict):
                 raise ValueError(f"/generate answered {json.dumps(body)[:40]}, not a JSON object")
             if "error" in body:
@@ -330,11 +382,13 @@ class ServerClient:
         """POST /v1/chat/completions (not streamed: only the answer and usage matter)."""
         start = time.perf_counter()
         try:
-            async with self._pool() as http:
-                response = await http.post("/v1/chat/completions", json=payload)
+            response, content = await asyncio.wait_for(self._request("POST", "/v1/chat/completions", json=payload),
+                                                       self.timeout_s)
             if response.status_code != 200:
-                return ChatRecord(ok=False, error=_error_text(response, response.content))
-            message, tokens = _chat_answer(jsonread.parse_json(response.content, "the chat answer", MAX_ANSWER_DEPTH))
+                return ChatRecord(ok=False, error=_error_text(response, content))
+            message, tokens = _chat_answer(jsonread.parse_json(content, "the chat answer", MAX_ANSWER_DEPTH))
+        except asyncio.TimeoutError:
+            return ChatRecord(ok=False, error=f"no whole answer within --request-timeout {self.timeout_s:g}s")
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
             return ChatRecord(ok=False, error=_exception_text(err))
         return ChatRecord(ok=True, message=message, completion_tokens=tokens, latency_s=time.perf_counter() - start)

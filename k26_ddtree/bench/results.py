@@ -17,7 +17,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from k26_ddtree import atomic, jsonread
+from k26_ddtree import atomic, jsonread, paths
 from k26_ddtree.errors import UserError
 from k26_ddtree.resources import source_root
 
@@ -271,24 +271,12 @@ def write_json_atomic(path: Path, document: dict) -> None:
     atomic.write_text(path, json.dumps(document, indent=1) + "\n")
 
 
-def write_target(path: Path) -> Path:
-    """The file a write to `path` must replace: through symlinks, to the file they name.
-
-    The results file is read through a link (appending reads the target's runs), so it is written
-    there too; an atomic replace of the link itself would turn the link into a copy and leave the
-    file it names without the new run.
-    """
-    target = Path(os.path.realpath(path))
-    if target.is_symlink():  # realpath stops at a link it cannot follow: a loop
-        raise UserError(f"--out {path} is a symlink loop")
-    return target
-
-
 class RunWriter:
     """Holds one run and rewrites it into the results file on every save()."""
 
     def __init__(self, path: Path, run: dict):
-        self.path = write_target(path)
+        # Read through a link (appending reads the target's runs), so written there too.
+        self.path = paths.output_target(path, "--out")
         self.run = run
         if path.exists():
             load_results(path)  # read through the name given, so a refusal names it

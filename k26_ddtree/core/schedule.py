@@ -18,8 +18,10 @@ EXAMPLE = "1:32/8,4:16/4,16:8/4,64:0"
 _ENTRY = re.compile(r"\s*(\d+)\s*:\s*(?:(0)|(\d+)\s*/\s*(\d+))\s*", re.ASCII)
 # Beyond any batch size, budget or topk a server could mean.
 _MAX_DIGITS = 18
-# The text goes into the unit's ExecStart line as given; a few hundred buckets fit well within this.
+# The text goes into the unit's ExecStart line (normal()); a few hundred buckets fit well within this.
 MAX_CHARS = 4096
+# More requests than any server batches at once: a bucket starting above it is never reached.
+MAX_BATCH = 1 << 16
 
 
 class ScheduleError(ValueError):
@@ -62,13 +64,24 @@ def parse(text: str) -> list[Entry]:
             continue
         if int(budget) < 1 or int(topk) < 1:
             raise ScheduleError(f"{part.strip()!r}: budget and topk must be >= 1 (0 alone is the chain)")
+        if int(topk) > int(budget):
+            raise ScheduleError(f"{part.strip()!r}: topk {int(topk)} above budget {int(budget)} (a tree of "
+                                f"{int(budget)} nodes holds at most {int(budget)} children of the root): lower the topk")
         entries.append(Entry(int(start), int(budget), int(topk)))
     starts = [entry.min_bs for entry in entries]
+    if starts[-1] > MAX_BATCH:
+        raise ScheduleError(f"bucket {starts[-1]} starts above {MAX_BATCH} requests, more than a server batches: "
+                            "it is never reached")
     if starts[0] != 1:
         raise ScheduleError(f"the first bucket must start at batch size 1, got {starts[0]}")
     if any(b <= a for a, b in zip(starts, starts[1:])):
         raise ScheduleError(f"bucket batch sizes must increase, got {', '.join(map(str, starts))}")
     return entries
+
+
+def normal(text: str) -> str:
+    """The schedule as the server and the unit get it: no spaces, no leading zeros (parse's checks)."""
+    return ",".join(entry.text for entry in parse(text))
 
 
 def only_chains(entries: list[Entry]) -> bool:

@@ -172,7 +172,7 @@ def _codes(keys: torch.Tensor) -> torch.Tensor:
     return keys.view(torch.int32)[..., 0::2]
 
 
-def _children(survivors: torch.Tensor, logprobs: torch.Tensor, child_rank: torch.Tensor, base: int) -> torch.Tensor:
+def child_keys(survivors: torch.Tensor, logprobs: torch.Tensor, child_rank: torch.Tensor, base: int) -> torch.Tensor:
     """[B, P * K] keys of every child of the [B, P] survivor keys, parent-major;
     logprobs [B, K] are the child depth's float32 log-probs."""
     batch, parents = survivors.shape
@@ -278,7 +278,7 @@ def build_ddtree(
     survivors = const.root_key.expand(batch, 1)
     levels = [survivors]
     for d, kept in enumerate(plan.kept):
-        children = _children(survivors, logprobs[:, d], const.child_rank, plan.base)
+        children = child_keys(survivors, logprobs[:, d], const.child_rank, plan.base)
         # One parent's children come in rank order, which is key order.
         survivors = (children if survivors.shape[1] == 1 else children.sort(dim=1).values)[:, :kept]
         levels.append(survivors)

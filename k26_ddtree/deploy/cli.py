@@ -219,7 +219,9 @@ def _reconfigure(args) -> int:
     for key, value in (("budget", args.budget), ("topk", args.topk)):
         if value is not None and value < 1:
             raise UserError(f"speculative.{key} must be >= 1, got {value}")
-    sets = list(args.set) + _tree_sets(args)
+    tree_sets = _tree_sets(args)
+    _refuse_overlap(args.set, tree_sets, args)
+    sets = list(args.set) + tree_sets
     if not sets and not args.profile:
         raise UserError("nothing to change: give --budget, --topk, --schedule, --schedule-file, --set KEY=VALUE "
                         "or --profile")
@@ -230,6 +232,18 @@ def _reconfigure(args) -> int:
         profile = with_sets(profile_from_unit(unit_path.read_text(encoding="utf-8"), str(unit_path)), sets)
     check_model_dirs(profile, args.allow_missing_model)
     return reconfigure(profile, args.unit, state_dir(args.state_dir), args.dry_run, _say)
+
+
+def _refuse_overlap(explicit: list[str], implied: list[str], args) -> None:
+    """An explicit --set of a key that --budget/--topk or a schedule also sets: refused, since
+    either one silently losing deploys something the command line does not say."""
+    implied_keys = {item.partition("=")[0] for item in implied}
+    for item in explicit:
+        key = item.partition("=")[0].strip()
+        if key in implied_keys:
+            source = ("--schedule-file" if args.schedule_file is not None else "--schedule" if args.schedule is not None
+                      else "--budget/--topk")
+            raise UserError(f"--set {item} conflicts with {source}, which sets {key} too: give one of them")
 
 
 def _tree_sets(args) -> list[str]:

@@ -91,6 +91,10 @@ def _finish(name: str, data: dict, sources: list[str], origin: str | None = None
         # The venv that runs k26-deploy is the one that has SGLang and this toolkit.
         profile = dataclasses.replace(profile, python=sys.executable)
     check_values(profile, origin)
+    if profile.speculative.schedule is not None:
+        # One spelling reaches the unit however the schedule was typed (check_values parsed it).
+        spec = dataclasses.replace(profile.speculative, schedule=schedule.normal(profile.speculative.schedule))
+        profile = dataclasses.replace(profile, speculative=spec)
     return profile
 
 

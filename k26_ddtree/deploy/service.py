@@ -107,6 +107,14 @@ def install(profile: Profile, unit: str, unit_dir: Path, root: Path | None, star
 
 
 def reconfigure(new: Profile, unit: str, states: Path, dry_run: bool, say: Say) -> int:
+    if dry_run and _installed_or_none(unit) is None:
+        # A dry run shows the unit a profile makes even where none is installed (or no systemd runs).
+        check_env_file(new)
+        text = render_service(new, unit)
+        validate(text, unit)
+        print(text, end="")
+        print(f"# {unit} is not installed here: nothing to compare against")
+        return 0
     unit_path = installed_unit(unit)
     current = unit_path.read_text(encoding="utf-8")
     check_env_file(new)
@@ -124,6 +132,14 @@ def reconfigure(new: Profile, unit: str, states: Path, dry_run: bool, say: Say) 
         return 0
     with exclusive(states, unit):
         return _switch(new, unit, unit_path, current, text, last_good_path(states, unit), say)
+
+
+def _installed_or_none(unit: str) -> Path | None:
+    """The installed unit's file; None where it is not installed or no systemd answers."""
+    try:
+        return systemd.installed_unit_path(unit)
+    except UserError:
+        return None
 
 
 def _switch(new: Profile, unit: str, unit_path: Path, current: str, text: str, last_good: Path, say: Say) -> int:

@@ -95,7 +95,10 @@ def apply_set(data: dict, assignment: str, root: type) -> None:
 def _parse_text(text: str, kind: Kind, origin: str):
     """A `--set` value: the text read as the key's kind (null, numbers, booleans, comma lists)."""
     lowered = text.strip().lower()
-    if kind.nullable and lowered in ("null", "none", "~", ""):
+    if kind.nullable and not lowered:
+        # An unset shell variable gives an empty value: it must not unset the key without a word.
+        raise UserError(f"{origin}: the value is empty; write null to unset the key")
+    if kind.nullable and lowered in ("null", "none", "~"):
         return None
     if kind.name == "int":
         try:

@@ -149,6 +149,9 @@ def verify_model(model_dir: Path, reporter: Reporter, workers: int = 4) -> None:
             reporter.line(f"  OUTSIDE  {rel}  (a link to {outside}, outside {model_dir}: copy the file in)")
         elif (model_dir / rel).is_file():
             present.append(rel)
+        elif (model_dir / rel).exists():
+            bad.append(rel)
+            reporter.line(f"  NOT A FILE  {rel}  (a folder, FIFO or device where the file belongs)")
         else:
             bad.append(rel)
             reporter.line(f"  MISSING  {rel}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from k26_ddtree.cli.checks import path_arg
 from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
 HELP = "patch the installed SGLang 0.5.11 with DDTree (or --check / --revert)"
@@ -79,7 +80,7 @@ def register(sub) -> None:
     """Add this family's subcommands to the k26-deploy parser."""
     parser = sub.add_parser("apply", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sglang-dir", metavar="PATH",
+    parser.add_argument("--sglang-dir", metavar="PATH", type=path_arg,
                         help="the sglang package dir or the dir holding it (default: the sglang this Python finds)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="report pristine / applied / foreign-modified; change nothing")

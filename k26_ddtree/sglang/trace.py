@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from k26_ddtree import jsonread
+from k26_ddtree.paths import open_input
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,13 @@ MB = 1 << 20
 FLUSH_SECONDS = 2.0
 # More than any header line; check_appendable reads no further.
 _HEADER_PEEK = 1 << 16
+# Draft depths a DFlash block can have (block size 2..64): a header naming another is no trace's.
+MAX_DEPTH = 63
+# tune reads at most this much: four times the server's default cap, and a few hundred MB of the
+# columns tune keeps per step.
+MAX_READ_BYTES = 4 << 30
+# Records per chunk read: a few MB, whatever the trace's size.
+CHUNK_RECORDS = 8192
 
 
 def record_size(depth: int) -> int:
@@ -126,38 +134,77 @@ def _header(data: bytes, path: Path) -> tuple[dict, int, int]:
     if not data.startswith(MAGIC):
         raise TraceError(f"{path} is not a DDTree trace (it does not start with {MAGIC.strip().decode()!r})")
     end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise TraceError(f"{path}: the trace header is damaged (no end of line in its first bytes)")
     try:
         meta = jsonread.parse_json(data[len(MAGIC):end], "the trace header")
-        depth = int(meta["depth"])
+        depth = meta["depth"]
     except (ValueError, KeyError, TypeError):
         raise TraceError(f"{path}: the trace header is damaged") from None
+    if type(depth) is not int or not 1 <= depth <= MAX_DEPTH:
+        raise TraceError(f"{path}: the trace header's depth {str(depth)[:20]} is not a draft depth 1..{MAX_DEPTH}")
     return meta, depth, end + 1
+
+
+@dataclass(frozen=True)
+class Records:
+    """A trace file's header and where its records lie, read chunk by chunk (never whole)."""
+
+    path: Path
+    header: dict
+    depth: int
+    start: int
+    count: int
+
+    def chunks(self, rows: int = CHUNK_RECORDS):
+        """The records in file order, `rows` at a time, as numpy structured arrays (_record_dtype)."""
+        dtype = _record_dtype(self.depth)
+        with open_input(self.path, f"trace {self.path}", MAX_READ_BYTES) as handle:
+            handle.seek(self.start)
+            for lo in range(0, self.count, rows):
+                part = np.empty(min(rows, self.count - lo), dtype=dtype)
+                if handle.readinto(memoryview(part).cast("B")) != part.nbytes:
+                    raise TraceError(f"{self.path} shrank while it was read")
+                yield part
+
+
+def open_records(path: Path) -> Records:
+    """The header and record count of a trace file; TraceError naming what is wrong."""
+    path = Path(path)
+    try:
+        with open_input(path, f"trace {path}", MAX_READ_BYTES) as handle:
+            head = handle.read(_HEADER_PEEK)
+            size = os.fstat(handle.fileno()).st_size
+    except FileNotFoundError:
+        raise TraceError(f"cannot read trace {path}: no such file") from None
+    meta, depth, start = _header(head, path)
+    body, whole = size - start, record_size(depth)
+    if body <= 0:
+        raise TraceError(f"{path} holds no decode steps (the server traced nothing yet)")
+    if body % whole:
+        raise TraceError(f"{path} is not a whole number of {whole}-byte records of draft depth {depth}: "
+                         f"{body % whole} bytes are left over after {body // whole} (a write cut short, or bytes "
+                         "the trace writer did not write)")
+    return Records(path, meta, depth, start, body // whole)
+
+
+def steps_of(rows: np.ndarray, depth: int) -> Steps:
+    """Records (a chunk) as tensors."""
+    shape = (len(rows), depth, TOPK)
+
+    def column(name: str, dtype) -> torch.Tensor:
+        return torch.from_numpy(rows[name].astype(dtype))
+
+    # A u64 key wraps to the int64 of the same bits, as one key of a request.
+    return Steps(column("request", np.int64), column("step", np.int64), column("root", np.int64),
+                 column("tokens", np.int64).view(shape), column("logprobs", np.float32).view(shape),
+                 column("committed", np.int64))
 
 
 def read(path: Path) -> tuple[dict, Steps]:
     """(header, every record) of a trace file; TraceError naming what is wrong."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise TraceError(f"cannot read trace {path}: {err.strerror or err}") from None
-    meta, depth, start = _header(data, path)
-    body = memoryview(data)[start:]
-    size = record_size(depth)
-    if not len(body):
-        raise TraceError(f"{path} holds no decode steps (the server traced nothing yet)")
-    if len(body) % size:
-        raise TraceError(f"{path} is truncated: {len(body) % size} bytes of a partial record at the end "
-                         f"(after {len(body) // size} whole ones)")
-    rows = np.frombuffer(body, dtype=_record_dtype(depth))
-    shape = (len(rows), depth, TOPK)
-
-    def column(name: str, dtype) -> torch.Tensor:
-        return torch.from_numpy(rows[name].astype(dtype))  # astype copies out of the read-only buffer
-
-    # A u64 key wraps to the int64 of the same bits, as one key of a request.
-    return meta, Steps(column("request", np.int64), column("step", np.int64), column("root", np.int64),
-                       column("tokens", np.int64).view(shape), column("logprobs", np.float32).view(shape),
-                       column("committed", np.int64))
+    records = open_records(path)
+    return records.header, steps_of(np.concatenate(list(records.chunks())), records.depth)
 
 
 def check_appendable(path: Path, depth: int) -> None:

@@ -18,8 +18,9 @@ from k26_ddtree.errors import UserError
 
 if TYPE_CHECKING:
     from k26_ddtree.core.acceptance import TreeShape
+    from k26_ddtree.sglang.trace import Records
     from k26_ddtree.tune.costs import Costs
-    from k26_ddtree.tune.estimate import Replay
+    from k26_ddtree.tune.estimate import Acceptance, Replay
     from k26_ddtree.tune.report import Outcome
 
 SPINES = {"on": (True,), "off": (False,), "both": (True, False)}
@@ -46,30 +47,58 @@ def _check_trace_matches(header: dict, trace: Path, model: str | None, costs: Co
                         f"{', '.join(map(str, sorted(costs.block_sizes)))}")
 
 
-def _read_trace(path: Path):
+def _open_trace(path: Path) -> Records:
     from k26_ddtree.sglang import trace
 
     try:
-        return trace.read(path)
+        return trace.open_records(path)
     except trace.TraceError as err:
         raise UserError(str(err)) from None
 
 
-def _estimate(rep: Replay, shapes: list[TreeShape], quiet: bool) -> dict:
+def _replay(records: Records) -> Replay:
+    from k26_ddtree.sglang.trace import TraceError
+    from k26_ddtree.tune.estimate import check_first_hits, replay
+
+    try:
+        rep = replay(records)
+    except TraceError as err:
+        raise UserError(str(err)) from None
+    check_first_hits(rep, str(records.path))
+    return rep
+
+
+def _estimate(records: Records, rep: Replay, shapes: list[TreeShape], quiet: bool) -> Acceptance:
     from k26_ddtree.progress import Reporter, TotalMeter
-    from k26_ddtree.tune.estimate import acceptance, as_served
+    from k26_ddtree.sglang.trace import TraceError
+    from k26_ddtree.tune.estimate import acceptance
 
     reporter = Reporter(sys.stderr, quiet=quiet)
     reporter.line(f"tune: replaying {rep.steps} steps under {len(shapes)} tree shapes")
-    meter = TotalMeter("tune: acceptance", len(shapes), unit="shapes")
+    # The work per step is the same throughout (every shape, every step), so the rate so far
+    # gives the time left.
+    meter = TotalMeter("tune: acceptance", rep.steps, unit="steps")
 
-    def on_shape(done: int) -> None:
+    def on_steps(done: int) -> None:
         meter.set_done(done)
         reporter.tick(meter)
 
-    table = acceptance(rep, shapes, on_shape)
+    try:
+        found = acceptance(records, rep, shapes, on_steps)
+    except TraceError as err:
+        raise UserError(str(err)) from None
     reporter.finish(meter)
-    return as_served(table, rep)
+    return found
+
+
+def _targets(args, out: Path, plot: Path) -> tuple[Path, Path]:
+    """Where the schedule file and the plot go (paths' rules: never over the trace or the costs)."""
+    from k26_ddtree.paths import distinct_outputs, output_target
+
+    inputs = (args.trace, args.costs)
+    targets = {"--out": output_target(out, "--out", inputs), "--plot": output_target(plot, "--plot", inputs)}
+    distinct_outputs(targets)
+    return targets["--out"], targets["--plot"]
 
 
 def _write(out: Path, plot: Path, outcome: Outcome) -> None:
@@ -85,40 +114,52 @@ def _write(out: Path, plot: Path, outcome: Outcome) -> None:
         raise UserError(f"cannot write the plot {plot}: {err.strerror or err}") from None
 
 
+def _budgets(args, costs: Costs, concurrencies: list[int]) -> range:
+    """The budgets searched: the flags, or by default every budget the costs measured around at
+    each planned C (tune never extrapolates a step time)."""
+    spans = [costs.budgets(c) for c in concurrencies if costs.budgets(c)]
+    lowest = args.min_budget if args.min_budget is not None else max([s[0] for s in spans], default=1)
+    highest = args.max_budget if args.max_budget is not None else min([s[-1] for s in spans], default=MAX_BUDGET)
+    highest = min(highest, MAX_BUDGET) if args.max_budget is None else highest
+    if not 1 <= lowest <= highest <= MAX_BUDGET:
+        given = "" if args.min_budget is not None and args.max_budget is not None else \
+            f" (the costs measured budgets {lowest}-{highest} at every C planned for)"
+        raise UserError(f"need 1 <= --min-budget <= --max-budget <= {MAX_BUDGET}, got {lowest} and {highest}{given}")
+    return range(lowest, highest + 1)
+
+
 def handle_tune(args) -> int:
     from k26_ddtree.tune.costs import load_costs
-    from k26_ddtree.tune.estimate import check_drafts, replay, searched_shapes
+    from k26_ddtree.tune.estimate import as_served, searched_shapes
+    from k26_ddtree.tune.leads import leads
     from k26_ddtree.tune.predict import choose, plan
     from k26_ddtree.tune.report import Outcome, notes, summary, table
 
-    if not 1 <= args.min_budget <= args.max_budget <= MAX_BUDGET:
-        raise UserError(f"need 1 <= --min-budget <= --max-budget <= {MAX_BUDGET}, "
-                        f"got {args.min_budget} and {args.max_budget}")
+    out = args.out or Path(f"k26-tune-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json")
+    out, plot = _targets(args, out, args.plot or out.with_suffix(".png"))
     costs = load_costs(args.costs, args.context)
-    header, steps = _read_trace(args.trace)
+    records = _open_trace(args.trace)
+    header, depth = records.header, records.depth
     _check_trace_matches(header, args.trace, args.model, costs)
-    depth = int(header["depth"])
-    budgets = range(args.min_budget, args.max_budget + 1)
+    concurrencies = sorted(set(args.concurrency or costs.concurrencies()))
+    budgets = _budgets(args, costs, concurrencies)
     shapes = searched_shapes(depth, SPINES[args.spine], budgets)
     if not shapes:
         raise UserError(f"no tree shape of draft depth {depth} has a budget in {budgets.start}-{budgets.stop - 1}")
-    concurrencies = sorted(set(args.concurrency or costs.concurrencies()))
     costs.require(concurrencies, budgets.start, budgets.stop - 1)
-    rep = replay(steps)
-    check_drafts(rep, str(args.trace))
-    acceptance = _estimate(rep, shapes, args.quiet)
+    rep = _replay(records)
+    found = _estimate(records, rep, shapes, args.quiet)
+    acceptance = as_served(found.means(), rep)
     plans = [plan(acceptance, depth, costs, concurrencies, spine, budgets) for spine in SPINES[args.spine]]
     chosen = choose(plans)
     outcome = Outcome(trace=args.trace, header=header, replay=rep, acceptance=acceptance, costs=costs,
                       chosen=chosen, others=[p for p in plans if p is not chosen], budgets=budgets,
-                      spine_option=args.spine)
+                      spine_option=args.spine, leads=leads(found, chosen))
     print("".join(f"note: {line}\n" for line in notes(outcome)))
     print(f"Predicted (acceptance from the trace, step ms from the bench runs, * best at that C; spine "
           f"{'on' if chosen.spine else 'off'}):\n")
     print(table(outcome, args.top))
     print(summary(outcome), end="")
-    out = args.out or Path(f"k26-tune-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json")
-    plot = args.plot or out.with_suffix(".png")
     _write(out, plot, outcome)
     print(f"tune: schedule file {out}, plot {plot}; serve it: sudo k26-deploy reconfigure --schedule-file {out}",
           file=sys.stderr)
@@ -130,7 +171,7 @@ def register(sub) -> None:
         "tune",
         help="best DDTree config per concurrency and the batch-size schedule, from a trace and bench step times",
         description=(
-            "Replay a DDTree server trace (--speculative-ddtree-trace) under every tree shape (budget 1..64, "
+            "Replay a DDTree server trace (--speculative-ddtree-trace) under every tree shape (the budgets the costs measured, up to 64, "
             "topk 1..8, spine off/on) for its exact greedy acceptance per step, take step times per "
             "(concurrency, budget) from a `k26-deploy bench sweep` results file, and predict tok/s = C x "
             "acceptance / step time. Prints config x concurrency (acceptance, step ms, tok/s), the best "
@@ -146,9 +187,11 @@ def register(sub) -> None:
     p.add_argument("--spine", choices=tuple(SPINES), default="both",
                    help="trees with the spine, without, or both and keep the better (one value for every "
                         "bucket; default both)")
-    p.add_argument("--min-budget", type=positive_int, default=1, metavar="B", help="smallest budget searched (default 1)")
-    p.add_argument("--max-budget", type=positive_int, default=MAX_BUDGET, metavar="B",
-                   help=f"largest budget searched (default {MAX_BUDGET}); costs must cover the searched range")
+    p.add_argument("--min-budget", type=positive_int, metavar="B",
+                   help="smallest budget searched (default: the smallest the costs measured at every C planned for)")
+    p.add_argument("--max-budget", type=positive_int, metavar="B",
+                   help=f"largest budget searched, at most {MAX_BUDGET} (default: the largest the costs measured at "
+                        "every C planned for); costs must cover the searched range")
     p.add_argument("--context", type=int_list, metavar="N,N,...",
                    help="bench contexts whose step times count, averaged (default: every context all runs measured)")
     p.add_argument("--model", metavar="PATH", help="the model the trace must be of (its header's model)")

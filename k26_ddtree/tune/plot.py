@@ -1,4 +1,5 @@
-"""tune.png in `bench report`'s style: predicted tok/s per concurrency, and the trace's acceptance per shape."""
+"""tune.png in `bench report`'s style: predicted tok/s per concurrency as a ratio to the DFlash chain, and the
+trace's acceptance per shape."""
 
 from __future__ import annotations
 
@@ -15,34 +16,47 @@ def _spine(plan: Plan) -> str:
 
 
 def _throughput(ax, chosen: Plan, others: list[Plan], chain_config: Config, ar_tok_s: dict[int, float]) -> None:
-    """The chosen plan's winners and the chain over every C, the schedule's envelope, the other
-    spine's envelope and AR as measured."""
+    """tok/s per C as a ratio to the DFlash chain's at that C, on linear axes: the configs differ by
+    percents, which a log scale over the C range flattens. The winners, the other spine's best and
+    AR below; the schedule (every C's best) on top, labelled with its text."""
     levels = sorted(chosen.ranked)
-    winners = list(dict.fromkeys([chosen.best(c).config for c in levels] + [chain_config]))
+    base = {c: q.tok_s for c in levels for q in chosen.ranked[c] if q.config == chain_config}
+    levels = [c for c in levels if base.get(c)]
+    # The chain is the baseline line at 1: drawn once.
+    winners = [c for c in dict.fromkeys(chosen.best(c).config for c in levels) if c != chain_config]
     for index, config in enumerate(winners):
-        points = {c: q.tok_s for c in levels for q in chosen.ranked[c] if q.config == config}
+        points = {c: q.tok_s / base[c] for c in levels for q in chosen.ranked[c] if q.config == config}
         xs = sorted(points)
-        ax.plot(xs, [points[c] for c in xs], marker="o", label=config.name, color=color(index))
-    ax.plot(levels, [chosen.best(c).tok_s for c in levels], color="black", linewidth=4, alpha=0.25,
-            label=f"schedule {chosen.schedule()}")
+        ax.plot(xs, [points[c] for c in xs], marker="o", markersize=4, linewidth=1.2, label=config.name,
+                color=color(index))
     for other in others:
-        ax.plot(levels, [other.best(c).tok_s for c in levels], color="black", linestyle=":",
+        ax.plot(levels, [other.best(c).tok_s / base[c] for c in levels], color="gray", linestyle=":", marker=".",
                 label=f"best per C, {_spine(other)}")
     xs = [c for c in levels if c in ar_tok_s]
     if xs:
-        ax.plot(xs, [ar_tok_s[c] for c in xs], linestyle="--", marker="x", color="gray", label="AR (measured)")
+        ax.plot(xs, [ar_tok_s[c] / base[c] for c in xs], linestyle="--", marker="x", color="gray",
+                label="AR (measured)")
+    ax.axhline(1.0, color="black", linewidth=0.8, label=f"{chain_config.name} = 1")
+    schedule = [chosen.best(c).tok_s / base[c] for c in levels]
+    ax.plot(levels, schedule, color="black", linewidth=2.5, marker="s", markersize=6, zorder=10,
+            label=f"schedule {chosen.schedule()}")
+    for c, ratio in zip(levels, schedule):
+        ax.annotate(chosen.best(c).config.token, (c, ratio), textcoords="offset points", xytext=(0, 8),
+                    ha="center", fontsize=8, zorder=11)
     log2_axis(ax, levels)
-    ax.set_yscale("log")  # C=1 and C=64 differ by two orders of magnitude
-    label_panel(ax, f"Predicted output tok/s per concurrency ({_spine(chosen)})", "concurrency", "output tok/s")
-    ax.legend(fontsize=8)
+    label_panel(ax, f"Predicted tok/s as a ratio to the DFlash chain's, per concurrency ({_spine(chosen)})",
+                "concurrency C", "tok/s / DFlash chain tok/s")
+    ax.legend(fontsize=7)
 
 
 def _acceptance(ax, acceptance: dict[TreeShape, float], depth: int, spine: bool) -> None:
-    for index, topk in enumerate(TOPKS):
+    # Widest topk first: the narrow ones share the small budgets' values and would hide beneath.
+    for index, topk in reversed(list(enumerate(TOPKS))):
         shapes = sorted((s for s in acceptance if s.topk == topk and s.spine == spine), key=lambda s: s.budget)
         if shapes:
+            # A marker on every point: a topk of one searched budget is a point, not a line.
             ax.plot([s.budget for s in shapes], [acceptance[s] for s in shapes], label=f"topk {topk}",
-                    color=color(index))
+                    color=color(index), marker="o", markersize=3)
     ax.axhline(acceptance[chain(depth)], linestyle="--", color="gray", label=f"chain b{depth}k1")
     log2_axis(ax, [b for b in (1, 2, 4, 8, 16, 32, 64) if any(s.budget == b for s in acceptance)])
     label_panel(ax, f"Acceptance replayed from the trace (spine {'on' if spine else 'off'})",

@@ -11,6 +11,7 @@ from k26_ddtree.bench.results import git_sha, utc_now
 from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.tune.costs import Costs
 from k26_ddtree.tune.estimate import Replay, chain
+from k26_ddtree.tune.leads import LEVEL, Lead
 from k26_ddtree.tune.predict import Config, Plan, Prediction, shares
 from k26_ddtree.tune.schedule_file import SCHEMA
 
@@ -28,6 +29,7 @@ class Outcome:
     others: list[Plan]
     budgets: range
     spine_option: str
+    leads: dict[int, Lead]
 
 
 def chain_config(o: Outcome) -> Config:
@@ -86,6 +88,8 @@ def summary(o: Outcome) -> str:
         best, second = o.chosen.best(c), o.chosen.runner_up(c)
         runner = f", runner-up {second.config.name} {second.tok_s:.1f} tok/s" if second else ""
         lines.append(f"  C={c}: {best.config.name} {best.tok_s:.1f} tok/s{runner}")
+        if c in o.leads:
+            lines.append(f"        lead {o.leads[c].text(o.replay.requests)}")
         close = _within_spread(o, c)
         if close:
             rival, margin, spread = close
@@ -93,8 +97,23 @@ def summary(o: Outcome) -> str:
                          "repeated cost runs at this C differ by: bench both before you keep one")
         lines.append(f"        {best.config.reconfigure()}")
     lines.append(_spine_line(o))
-    lines.append(f"Schedule: {o.chosen.schedule()} (every bucket its best config: `{SERVE_SCHEDULE}`)")
+    lines += _schedule_lines(o)
     return "\n".join(lines) + "\n"
+
+
+def _schedule_lines(o: Outcome) -> list[str]:
+    """The schedule as `reconfigure --schedule` takes it, and the rule that made its buckets."""
+    plan = o.chosen
+    if all(config.dflash for _, config, _ in plan.buckets()):
+        return ["Schedule: none: the plain DFlash chain is best at every C; serve DFLASH "
+                "(sudo k26-deploy reconfigure --set speculative.algorithm=DFLASH)"]
+    spine = "true" if plan.spine else "false"
+    starts = ", ".join(f"{start} (won at C={'/'.join(map(str, won))})" for start, _, won in plan.buckets())
+    return [f"Schedule: {plan.schedule()}",
+            f"  serve it: sudo k26-deploy reconfigure --schedule {plan.schedule()} --set speculative.spine={spine}"
+            f" (or `{SERVE_SCHEDULE}`)",
+            f"  buckets start at batch sizes {starts}: a bucket won at C starts at the geometric midpoint between "
+            "the C planned before it and C, since a server at C runs some steps at smaller batches"]
 
 
 def _within_spread(o: Outcome, c: int) -> tuple[Prediction, float, float] | None:
@@ -124,6 +143,8 @@ def notes(o: Outcome) -> list[str]:
     rep, budgets = o.replay, o.budgets
     out = [f"{rep.steps} traced steps of {rep.requests} requests; {rep.short} short (their request's known text "
            f"ends before D + 1 = {rep.depth + 1} tokens: a step there commits at most what is known)",
+           f"the drafter's first choice at depth 1 is the committed token in {100 * rep.first_hits / rep.steps:.1f}% "
+           "of the steps",
            f"acceptance counted as SGLang does, completion tokens per verify step: the per-step means x "
            f"{rep.served_scale:.4f} for the prefill's first token of the whole requests traced",
            f"step times: {o.costs.source}, mean over contexts {', '.join(map(str, o.costs.contexts))}; "
@@ -144,6 +165,14 @@ def _config(config: Config) -> dict:
     shape = config.shape
     return {"config": config.name, "budget": shape.budget, "topk": shape.topk,
             "spine": None if config.dflash else shape.spine, "dflash_chain": config.dflash, "bucket": config.token}
+
+
+def _lead_doc(o: Outcome, c: int) -> dict | None:
+    lead = o.leads.get(c)
+    if lead is None:
+        return None
+    return {"lead": lead.lead, "low": lead.low, "high": lead.high, "level": LEVEL,
+            "separated": lead.separated(o.replay.requests), "resampled": "requests"}
 
 
 def _plan_doc(p: Plan, share: float) -> dict:
@@ -172,6 +201,7 @@ def document(o: Outcome) -> dict:
                              "runner_up": _prediction(o.chosen.runner_up(c)),
                              "cost_spread": o.costs.spread.get(c),
                              "within_cost_spread_of": _rival_name(o, c),
+                             "lead_over_runner_up": _lead_doc(o, c),
                              "reconfigure": o.chosen.best(c).config.reconfigure()} for c in levels],
         "spine_choice": {"option": o.spine_option, "chosen": "on" if o.chosen.spine else "off",
                          "plans": {("on" if p.spine else "off"): _plan_doc(p, share)
@@ -188,7 +218,8 @@ def document(o: Outcome) -> dict:
             "git_sha": git_sha(),
             "predicted": "acceptance replayed from the trace, step times from the bench runs; not served or measured",
             "trace": {"path": str(o.trace), "header": o.header, "steps": o.replay.steps,
-                      "requests": o.replay.requests, "short_steps": o.replay.short},
+                      "requests": o.replay.requests, "short_steps": o.replay.short,
+                      "first_choice_committed_steps": o.replay.first_hits},
             "costs": {"path": str(o.costs.source), "contexts": list(o.costs.contexts),
                       "runs": [asdict(run) for run in o.costs.runs]},
             "search": {"concurrency": levels, "min_budget": o.budgets.start, "max_budget": o.budgets.stop - 1,

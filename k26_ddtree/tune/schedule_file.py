@@ -15,6 +15,8 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.jsonread import Unreadable, read_json
 
 SCHEMA = "k26-ddtree-tune/1"
+# tune writes a few hundred KB (the table of every shape); a larger file is not one of its.
+MAX_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class ScheduleFile:
 
 def read(path: Path) -> ScheduleFile:
     try:
-        doc = read_json(path, f"schedule file {path}")
+        doc = read_json(path, f"schedule file {path}", max_bytes=MAX_BYTES)
     except FileNotFoundError:
         raise UserError(f"schedule file {path} does not exist (k26-deploy tune writes one)") from None
     except Unreadable as err:

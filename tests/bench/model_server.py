@@ -31,12 +31,15 @@ def write_model_folder(folder: Path, vocab_size: int, special_ids: tuple[int, ..
 
 class ModelServer:
     def __init__(self, vocab_size: int, model_path: str, special_ids: tuple[int, ...] = (),
-                 bodies: dict[str, bytes] | None = None, trickle_s: float | None = None):
+                 bodies: dict[str, bytes] | None = None, trickle_s: float | None = None,
+                 trickle_paths: frozenset[str] = frozenset(), huge: dict[str, int] | None = None):
         self.vocab_size = vocab_size
         self.special_ids = set(special_ids)
         self.model_path = model_path
         self.bodies = bodies or {}
         self.trickle_s = trickle_s
+        self.trickle_paths = trickle_paths  # these answer a byte every trickle_s, streamed or not
+        self.huge = huge or {}  # path: bytes of a JSON string answered there
         self.ids_seen: set[int] = set()
         self.generate_calls = 0
         self.dead = False
@@ -81,8 +84,40 @@ class ModelServer:
             def _json(self, body) -> None:
                 self._send(200, json.dumps(body).encode())
 
+            def _trickle(self) -> None:
+                bytes_ = int(60 / server.trickle_s)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(bytes_))
+                self.end_headers()
+                try:
+                    for _ in range(bytes_):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        time.sleep(server.trickle_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up, as it should
+
+            def _huge(self, size: int) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                try:
+                    self.wfile.write(b'"')
+                    block = b"x" * (1 << 20)
+                    for _ in range((size - 2) >> 20):
+                        self.wfile.write(block)
+                    self.wfile.write(b"x" * ((size - 2) % (1 << 20)) + b'"')
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client refused the rest, as it should
+
             def _answer(self, path: str, default) -> None:
-                if path in server.bodies:
+                if path in server.trickle_paths:
+                    self._trickle()
+                elif path in server.huge:
+                    self._huge(server.huge[path])
+                elif path in server.bodies:
                     self._send(200, server.bodies[path])
                 elif default is None:
                     self._send(404, b'{"detail": "Not Found"}')
@@ -126,6 +161,12 @@ class ModelServer:
                 if any(not 0 <= i < server.vocab_size for i in ids):
                     server.dead = True  # what the real server does: it is gone for everyone
                     self.close_connection = True
+                    return
+                if "/generate" in server.trickle_paths:
+                    self._trickle()
+                    return
+                if "/generate" in server.huge:
+                    self._huge(server.huge["/generate"])
                     return
                 if server.trickle_s is not None and not body.get("stream"):
                     bytes_ = int(60 / server.trickle_s)

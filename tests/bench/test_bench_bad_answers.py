@@ -84,3 +84,43 @@ def test_a_trickled_plain_answer_fails_within_the_request_timeout(tmp_path, caps
     assert "Traceback" not in err, err
     (cell,) = json.loads(out.read_text())["runs"][0]["cells"]
     assert (cell["requests"], cell["errors"]) == (1, 1)
+
+
+def test_a_trickled_stream_fails_within_the_request_timeout(tmp_path, capsys):
+    folder = write_model_folder(tmp_path / "model", 32000)
+    out = tmp_path / "run.json"
+    started = time.monotonic()
+    with ModelServer(32000, str(folder), trickle_s=0.2, trickle_paths=frozenset({"/generate"})) as server:
+        assert main(["bench", "--url", server.url, "--out", str(out), *SMALL, "--requests", "1",
+                     "--request-timeout", "1"]) == 1
+    assert time.monotonic() - started < 20
+    assert "Traceback" not in capsys.readouterr().err
+    (cell,) = json.loads(out.read_text())["runs"][0]["cells"]
+    assert (cell["requests"], cell["errors"]) == (1, 1)
+
+
+def test_a_trickled_health_answer_ends_the_ready_wait_at_its_timeout(tmp_path, capsys):
+    folder = write_model_folder(tmp_path / "model", 32000)
+    started = time.monotonic()
+    with ModelServer(32000, str(folder), trickle_s=0.5, trickle_paths=frozenset({"/health_generate"})) as server:
+        code = main(["bench", "--url", server.url, "--out", str(tmp_path / "run.json"), *SMALL,
+                     "--ready-timeout", "2"])
+    assert time.monotonic() - started < 20
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("k26-deploy: error: ") and "not healthy after 2s" in err[-1], err
+
+
+@pytest.mark.parametrize("endpoint", ["/server_info", "/generate"])
+def test_an_answer_larger_than_the_cap_is_refused_unread(tmp_path, capsys, endpoint):
+    folder = write_model_folder(tmp_path / "model", 32000)
+    out = tmp_path / "run.json"
+    with ModelServer(32000, str(folder), huge={endpoint: 64 << 20}) as server:
+        code = main(["bench", "--url", server.url, "--out", str(out), *SMALL, "--requests", "1", "--steady", "0.01",
+                     "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if endpoint == "/server_info":
+        assert code == 2 and "the answer is larger than 16 MB" in err.strip().splitlines()[-1]
+    else:
+        (cell,) = json.loads(out.read_text())["runs"][0]["cells"]
+        assert code == 1 and (cell["requests"], cell["errors"]) == (1, 1)

@@ -187,3 +187,20 @@ def test_ctrl_c_keeps_finished_cells(standin, tmp_path):
     finished = [c for c in run["cells"] if not c["interrupted"]]
     assert 1 <= len(finished) < 6
     assert all(c["ok"] == c["requests"] for c in finished)
+
+
+def test_ctrl_c_before_any_cell_says_nothing_was_written(tmp_path):
+    out = tmp_path / "never.json"
+    # A closed port: bench waits for /health_generate until the interrupt.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k26_ddtree", "bench", "--url", "http://127.0.0.1:9", "--out", str(out),
+         "--ready-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    waiting = proc.stderr.readline()
+    assert waiting.startswith("bench: waiting for"), waiting
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert f"bench: interrupted; no cell finished, nothing was written to {out}" in err
+    assert not out.exists()

@@ -154,6 +154,9 @@ def test_out_through_a_symlink_appends_to_the_file_it_names(tmp_path):
         assert _bench(server.url, link, "second") == 0
         dangling = tmp_path / "later.json"
         dangling.symlink_to("results/new.json")  # names a file not there yet, in a folder not there yet
+        assert _bench(server.url, dangling, "third") == 2, "a missing folder is never created silently"
+        assert not (tmp_path / "results").exists()
+        (tmp_path / "results").mkdir()
         assert _bench(server.url, dangling, "third") == 0
     assert link.is_symlink() and os.readlink(link) == "real.json"
     assert [r["label"] for r in json.loads(real.read_text())["runs"]] == ["first", "second"]
@@ -169,3 +172,22 @@ def test_out_as_a_symlink_loop_is_one_line(tmp_path, capsys):
         assert _bench(server.url, loop, "x") == 2
     assert one_error_line(capsys) == f"k26-deploy: error: --out {loop} is a symlink loop"
     assert loop.is_symlink() and os.readlink(loop) == loop.name
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda t: (t / "z.json").symlink_to("/dev/zero") or t / "z.json", "is a character device"),
+    (lambda t: os.mkfifo(t / "f.json") or t / "f.json", "is a FIFO"),
+    (lambda t: t, "is a folder"),
+    (lambda t: t / "absent" / "r.json", "does not exist (create it first)"),
+])
+def test_out_that_is_no_regular_file_is_refused_unread(tmp_path, capsys, make, expected):
+    out = make(tmp_path)
+    assert main(["bench", "--url", CLOSED, "--ready-timeout", "1", "--out", str(out)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"k26-deploy: error: --out {out}") and expected in line, line
+
+
+def test_a_steady_loop_longer_than_a_day_is_refused(tmp_path, capsys):
+    line = refused_at_parse_time(["bench", "--url", CLOSED, "--out", str(tmp_path / "r.json"), "--steady", "1e308"],
+                                 capsys)
+    assert "argument --steady: expected at most 86400 seconds (a day), got '1e308'" in line, line

@@ -71,6 +71,15 @@ def test_verify_model_names_every_changed_or_missing_file_and_exits_1(copied_dir
     assert "lacks tokenizer/tiktoken.model" in model_dir_problem(copied_dir)
 
 
+def test_a_fifo_where_a_file_belongs_is_named_as_no_file_not_as_missing(copied_dir):
+    fifo = copied_dir / "tokenizer" / "tiktoken.model"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    result = run_cli("verify-model", str(copied_dir))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "NOT A FILE  tokenizer/tiktoken.model" in result.stdout and "MISSING" not in result.stdout
+
+
 def test_the_quick_check_catches_a_truncated_file(copied_dir):
     assert run_cli("verify-model", str(copied_dir)).returncode == 0
     with open(copied_dir / "model-00001-of-00002.safetensors", "r+b") as handle:

@@ -56,6 +56,9 @@ def test_user_mistakes_are_one_line(tmp_path):
         f"k26-deploy: error: no sglang package at {tmp_path} (give the sglang package dir or the dir that holds it)"]
     both = k26("--check", "--revert")
     assert both.returncode == 2 and "not allowed with" in both.stderr
+    empty = k26("--sglang-dir", "", "--check")  # an unset shell variable must not mean the current folder
+    assert empty.returncode == 2 and "Traceback" not in empty.stderr
+    assert "argument --sglang-dir: an empty path names no directory or file" in empty.stderr
 
 
 def test_help_documents_the_check_exit_codes():

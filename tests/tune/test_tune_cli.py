@@ -42,15 +42,18 @@ def full_sweep(path: Path) -> Path:
 
 
 def test_a_whole_run_prints_the_table_and_writes_the_schedule_file_and_the_plot(tmp_path):
+    (tmp_path / "plan").mkdir()
     out, plot = tmp_path / "plan" / "schedule.json", tmp_path / "plan" / "tune.png"
     done = tune("--trace", walked_trace(tmp_path / "t.trace"), "--costs", full_sweep(tmp_path / "sweep.json"),
                 "--out", out, "--plot", plot)
     assert done.returncode == 0, done.stderr
-    assert "tune: replaying" in done.stderr and "tune: acceptance 910 shapes in" in done.stderr
+    assert "tune: replaying" in done.stderr and "tune: acceptance" in done.stderr and "steps in" in done.stderr
     assert "| config | accept | C=1 step ms | C=1 tok/s | C=4 step ms |" in done.stdout
     assert "| DFLASH (chain, b7k1) |" in done.stdout and "| AR (measured) | 1.00 | 18.0 |" in done.stdout
     assert "each command serves that one config at every batch size" in done.stdout
     assert "Schedule: 1:" in done.stdout and "reconfigure --schedule-file FILE" in done.stdout
+    assert f"reconfigure --schedule {json.loads(out.read_text())['schedule']} --set speculative.spine=" in done.stdout
+    assert "geometric midpoint" in done.stdout, "the bucket rule is stated where the schedule is printed"
     schedule = json.loads(out.read_text())
     assert schedule["schema"] == "k26-ddtree-tune/1" and isinstance(schedule["spine"], bool)
     assert schedule["spine_choice"]["option"] == "both" and set(schedule["spine_choice"]["plans"]) == {"on", "off"}
@@ -86,7 +89,11 @@ def test_the_committed_live_bench_file_costs_budget_8_and_the_dflash_chain(tmp_p
     assert {p["budget"] for p in schedule["predictions"] if not p["dflash_chain"]} == {8}
     assert any(p["dflash_chain"] for p in schedule["predictions"])
     assert schedule["measured"]["dflash_step_ms"].keys() == {"1", "8"}
-    refused = tune("--trace", path, "--costs", LIVE, "--out", tmp_path / "r.json")
+    by_default = tune("--trace", path, "--costs", LIVE, "--out", tmp_path / "d.json", "--quiet")
+    assert by_default.returncode == 0, by_default.stderr
+    search = json.loads((tmp_path / "d.json").read_text())["provenance"]["search"]
+    assert (search["min_budget"], search["max_budget"]) == (8, 8), "the default budgets are those the costs measured"
+    refused = tune("--trace", path, "--costs", LIVE, "--min-budget", 1, "--out", tmp_path / "r.json")
     assert refused.returncode == 2 and not (tmp_path / "r.json").exists()
     assert refused.stderr.startswith(f"k26-deploy: error: costs missing for budget 1 at C=1: {LIVE} measured budgets 8")
 
@@ -114,7 +121,7 @@ BAD = {
     "missing trace": (lambda t: t / "absent.trace", None, [], "cannot read trace"),
     "empty trace": (lambda t: write_trace(t / "t.trace", header(D), []), None, [], "holds no decode steps"),
     "truncated trace": (lambda t: write_trace(t / "t.trace", header(D), [_record(D), _record(D)[:-3]]), None, [],
-                        "is truncated: "),
+                        "is not a whole number of 496-byte records of draft depth 7: 493 bytes are left over"),
     "not a trace": (not_a_trace, None, [], "is not a DDTree trace"),
     "trace of another model than --model": (walked, None, ["--model", "/models/Other"],
                                             f"is a trace of model {MODEL}, not of --model /models/Other"),
@@ -124,7 +131,7 @@ BAD = {
     "trace of another DFlash block": (lambda t: write_trace(t / "t.trace", header(15), [_record(15)]), None, [],
                                       "was traced with DFlash block 16, but"),
     "costs not a bench file": (walked, not_bench_results, [], "is not a k26-deploy bench results file"),
-    "costs missing a budget": (walked, lambda t: write_results(t / "c.json", sweep_runs()), [],
+    "costs missing a budget": (walked, lambda t: write_results(t / "c.json", sweep_runs()), ["--min-budget", "1"],
                                "costs missing for budget 1 at C=1"),
     "costs missing a concurrency": (walked, None, ["--concurrency", "1,128"], "costs missing at C=128"),
     "budgets out of range": (walked, None, ["--max-budget", "65"], "need 1 <= --min-budget <= --max-budget <= 64"),
