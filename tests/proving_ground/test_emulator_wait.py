@@ -89,3 +89,14 @@ def test_no_host_reads_in_the_source():
 
 def test_spin_on_the_cpu_returns_without_spinning():
     assert int(wait.spin(torch.tensor(10**12))) == 0
+
+
+def test_device_check_refuses_bad_input_and_a_missing_gpu_in_one_line():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "proving_ground" / "device" / "emulator_check.py"
+    for args in (["--box", "nope"], []):
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
