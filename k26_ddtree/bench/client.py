@@ -6,7 +6,7 @@ so a failed request is counted and reported, never dropped.
 Requests go through httpx pools of at most POOL_CONNECTIONS connections each, first fit. One
 pool of C connections does work on every request that grows with C: on the proving ground's
 tiny target it capped a closed loop of 64 at about 100 requests/s, half of what the server
-served to 64 threads (bench/results/gpu-session6; bench/bench_client.py measures it).
+served to 64 threads (bench/results/2026-12-01-tiny-tune-both-drafters; bench/bench_client.py measures it).
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ class Speculative:
     topk: int = key(4, "DDTree children per node, >= 1")
     schedule: str | None = key(None, "DDTREE only: bs:budget/topk per batch-size bucket, replacing budget/topk, "
                                      "e.g. \"1:32/8,4:16/4,64:0\" (0: the DFlash chain); from `k26-deploy tune`")
-    spine: bool = key(True, "keep the drafter's top-1 chain (never below linear DFlash); b8/k4 without it "
-                            "lost to DFLASH (0.99x), with it 1.16-1.66x: bench/results/gpu-session3")
+    spine: bool = key(True, "keep the drafter's top-1 chain in the tree, so a step accepts at least what "
+                            "linear DFlash's chain would")
     trace: AbsPath | None = key(None, "DDTREE only: append the drafter's top-8 and the committed tokens per "
                                       "decode step to this file, for `k26-deploy tune` "
                                       "(--speculative-ddtree-trace); null: off")
