@@ -390,7 +390,9 @@ def describe(facts: Facts, gpu: bool) -> str:
 
 
 CPU_CONFLICTS_NOTE = (f"setup: without GPUs sglang {SGLANG}'s dependencies (its CUDA stack) stay out on purpose, "
-                      "so pip's report of them as missing is expected and switched off (--no-warn-conflicts)")
+                      "so pip's report of them as missing is expected and switched off (--no-warn-conflicts); "
+                      "its sources are here to be patched and checked, not imported (importing sglang needs "
+                      "that stack: sgl_kernel, torchvision, its pinned transformers)")
 
 
 def execute(steps: list[Step], dry_run: bool, say=print) -> None:
