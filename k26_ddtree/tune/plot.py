@@ -41,7 +41,8 @@ def _throughput(ax, chosen: Plan, others: list[Plan], chain_config: Config, ar_t
     ax.plot(levels, schedule, color="black", linewidth=2.5, marker="s", markersize=6, zorder=10,
             label=f"schedule {chosen.schedule()}")
     for c, ratio in zip(levels, schedule):
-        ax.annotate(chosen.best(c).config.token, (c, ratio), textcoords="offset points", xytext=(0, 8),
+        config = chosen.best(c).config
+        ax.annotate("chain" if config.dflash else config.token, (c, ratio), textcoords="offset points", xytext=(0, 8),
                     ha="center", fontsize=8, zorder=11)
     log2_axis(ax, levels)
     label_panel(ax, f"Predicted tok/s as a ratio to the DFlash chain's, per concurrency ({_spine(chosen)})",
