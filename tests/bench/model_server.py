@@ -84,10 +84,10 @@ class ModelServer:
             def _json(self, body) -> None:
                 self._send(200, json.dumps(body).encode())
 
-            def _trickle(self) -> None:
+            def _trickle(self, content_type: str = "text/event-stream") -> None:
                 bytes_ = int(60 / server.trickle_s)
                 self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(bytes_))
                 self.end_headers()
                 try:
@@ -169,18 +169,7 @@ class ModelServer:
                     self._huge(server.huge["/generate"])
                     return
                 if server.trickle_s is not None and not body.get("stream"):
-                    bytes_ = int(60 / server.trickle_s)
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(bytes_))
-                    self.end_headers()
-                    try:
-                        for _ in range(bytes_):
-                            self.wfile.write(b" ")
-                            self.wfile.flush()
-                            time.sleep(server.trickle_s)
-                    except (BrokenPipeError, ConnectionResetError):
-                        self.close_connection = True  # the client gave up, as it should
+                    self._trickle("application/json")
                     return
                 if "/generate" in server.bodies:
                     self._send(200, server.bodies["/generate"], "text/event-stream")
