@@ -310,7 +310,7 @@ def text_table(box: dict, costs: Costs) -> str:
 
 
 def _markdown_box(box: dict, costs: Costs) -> list[str]:
-    out = [f"| constant | value | how |", "|---|---|---|"]
+    out = ["| constant | value | how |", "|---|---|---|"]
     out += [f"| `{n}` | {v} | {w} |" for n, v, w in _constant_lines(box, costs)]
     out += ["", "| | config | T | C | acceptance | step ms | tok/s | field | error | ±15 % | acceptance to match |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -135,7 +135,7 @@ def test_a_server_crowded_out_of_memory_by_its_wave_is_started_again_alone(setup
 
 
 def test_log_parsing(tmp_path):
-    from proving_ground.e2e import report, servers
+    from proving_ground.e2e import report
 
     log = tmp_path / "s.log"
     log.write_text("Capture cuda graph end. Time elapsed: 38.50 s. mem usage=0.1 GB\n"

@@ -174,7 +174,7 @@ def test_every_choice_gets_an_interval_of_its_lead_from_resampled_requests(tmp_p
     for row in rows:
         lead = row["lead_over_runner_up"]
         assert lead["low"] <= lead["lead"] <= lead["high"] and lead["level"] == 0.95
-        assert f"resampling the trace's 12 requests" in done.stdout
+        assert "resampling the trace's 12 requests" in done.stdout
 
 
 def test_a_schedule_of_chains_only_is_printed_as_dflash_not_as_a_schedule_reconfigure_refuses(tmp_path):
