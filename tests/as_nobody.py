@@ -55,15 +55,21 @@ def _third_party_roots(modules: list[str]) -> list[Path]:
 
 
 class NobodyTree:
-    """A world-readable folder with k26_ddtree and what `modules` import, and an interpreter for it."""
+    """A world-readable folder with k26_ddtree and what `modules` import, and an interpreter for it.
 
-    def __init__(self, modules: list[str] = ()):
+    parent: where the folder goes (default: the system's temporary folder); a test that runs it
+    inside a namespace with a private /tmp puts it on the host's own filesystem instead."""
+
+    def __init__(self, modules: list[str] = (), parent: Path | None = None):
         if os.geteuid() != 0 or not shutil.which("setpriv"):
             pytest.skip("needs root and setpriv to run as nobody")
         self.python = next((p for p in _CANDIDATES if Path(p).exists() and _runs_as_nobody(p)), None)
         if self.python is None:
             pytest.skip(f"no python {_VERSION} that nobody may run (tried {', '.join(_CANDIDATES)})")
-        self.root = Path(tempfile.mkdtemp(prefix="k26-nobody-"))
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+            parent.chmod(0o755)
+        self.root = Path(tempfile.mkdtemp(prefix="k26-nobody-", dir=parent))
         self.root.chmod(0o755)
         site = self.root / "site"
         ignore = shutil.ignore_patterns("__pycache__")

@@ -138,7 +138,7 @@ def test_user_mistakes_are_one_line(tmp_path, capsys):
     (["--request-timeout", "0"], "--request-timeout must be a finite number of seconds > 0"),
     (["--ready-timeout", "nan"], "--ready-timeout must be a finite number of seconds > 0"),
     (["--temperature", "-1"], "--temperature must be 0 or more"),
-    (["--out", "/proc/no-such-dir/x.json", "--url", "{url}"], "cannot write /proc/no-such-dir/x.json"),
+    (["--out", "/proc/no-such-dir/x.json", "--url", "{url}"], "--out /proc/no-such-dir/x.json: the folder /proc/no-such-dir does not exist"),
     (["sweep", "--budget", "4", "--topk", "4", "--reconfigure-timeout", "-1"],
      "--reconfigure-timeout must be a finite number of seconds > 0"),
     (["sweep", "--budget", "4", "--topk", "4", "--reconfigure-cmd", "'unterminated"],

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from as_nobody import AS_NOBODY, NobodyTree
+
 from deploy_helpers import SCRATCH, STANDIN, free_port
 from systemd_ns import HOLD_ROOT, SystemdNamespace, unavailable_reason
 
@@ -221,35 +223,38 @@ def test_a_second_restart_of_the_same_unit_is_refused(systemd_ns, scratch):
     assert "another k26-deploy is restarting k26-locked right now" in proc.stderr
 
 
-@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to run as nobody")
-def test_a_failed_daemon_reload_puts_the_previous_unit_back(systemd_ns, scratch):
+def test_a_failed_daemon_reload_puts_the_previous_unit_back(systemd_ns):
     """nobody may write this unit dir but not reload systemd: the install fails and leaves no trace."""
-    units = scratch / "units"
-    units.mkdir()
-    units.chmod(0o777)
-    # The unit is never started: its python only has to be one nobody may run, for systemd-analyze verify.
-    unit_python = shutil.which("python3", path="/usr/bin:/bin")
-    if unit_python is None:
-        pytest.skip("needs a system python3 that nobody may run")
-    install = [sys.executable, "-m", "k26_ddtree", "install", "--profile", "pcie-ep8", "--allow-missing-model",
-               "--unit-dir", str(units), "--set", f"python={unit_python}"]
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    quiet = {"PYTHONDONTWRITEBYTECODE": "1"}  # nobody may not write __pycache__ in the checkout
+    # Outside the checkout (which may sit in a root-only folder) and outside the namespace's
+    # private /tmp, so that nobody reaches the toolkit and the unit dir inside the namespace.
+    nobody = NobodyTree(["k26_ddtree.deploy.cli", "k26_ddtree.deploy.service", "k26_ddtree.deploy.units",
+                         "k26_ddtree.deploy.profiles"], parent=Path("/var/lib/k26-test-nobody"))
+    try:
+        units = nobody.scratch("units")
+        # The unit is never started: its python only has to be one nobody may run, for systemd-analyze verify.
+        unit_python = shutil.which("python3", path="/usr/bin:/bin")
+        if unit_python is None:
+            pytest.skip("needs a system python3 that nobody may run")
+        install = ["-m", "k26_ddtree", "install", "--profile", "pcie-ep8", "--allow-missing-model",
+                   "--unit-dir", str(units), "--set", f"python={unit_python}"]
 
-    first = systemd_ns.run([*install, "--unit", "k26-reload"])
-    assert first.returncode == 0, first.stdout + first.stderr
-    before = (units / "k26-reload.service").read_text()
+        first = systemd_ns.run([sys.executable, *install, "--unit", "k26-reload"])
+        assert first.returncode == 0, first.stdout + first.stderr
+        before = (units / "k26-reload.service").read_text()
 
-    changed = systemd_ns.run([*as_nobody, *install, "--unit", "k26-reload", "--set", "speculative.budget=16"],
-                             env=quiet)
-    assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stdout + changed.stderr
-    assert changed.stderr.strip().startswith("k26-deploy: error: systemctl daemon-reload failed: ")
-    assert changed.stderr.strip().endswith(f"put the previous {units}/k26-reload.service back")
-    assert (units / "k26-reload.service").read_text() == before
+        as_nobody = [*AS_NOBODY, nobody.python]
+        changed = systemd_ns.run([*as_nobody, *install, "--unit", "k26-reload", "--set", "speculative.budget=16"],
+                                 env=nobody.env)
+        assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stdout + changed.stderr
+        assert changed.stderr.strip().startswith("k26-deploy: error: systemctl daemon-reload failed: ")
+        assert changed.stderr.strip().endswith(f"put the previous {units}/k26-reload.service back")
+        assert (units / "k26-reload.service").read_text() == before
 
-    fresh = systemd_ns.run([*as_nobody, *install, "--unit", "k26-fresh"], env=quiet)
-    assert fresh.returncode == 2 and fresh.stderr.strip().endswith(f"removed {units}/k26-fresh.service again")
-    assert sorted(p.name for p in units.iterdir()) == ["k26-reload.service"], "no new unit, no temp file"
+        fresh = systemd_ns.run([*as_nobody, *install, "--unit", "k26-fresh"], env=nobody.env)
+        assert fresh.returncode == 2 and fresh.stderr.strip().endswith(f"removed {units}/k26-fresh.service again")
+        assert sorted(p.name for p in units.iterdir()) == ["k26-reload.service"], "no new unit, no temp file"
+    finally:
+        nobody.remove()
 
 
 def test_checkouts_under_tmp_and_var_tmp_stay_visible_and_the_hosts_tmp_is_kept():
