@@ -17,8 +17,8 @@ each) and the step waits for the busiest rank. Routing correlation ρ acts insid
 tokens share context): N_eff = B · T^(1 − κρ), with κ fitted to the field's ρ = 0.5 layer figures.
 
 Per box two constants are fitted, `fixed` and `expert`, on two figures only, so that the fit
-cannot decide the answer (PCIe: AR and linear DFlash at C=1; B300: AR and b8/k4 at C=1); everything else is stated from the
-hardware and K2.6's shapes (below, each with why). Every other field figure is a prediction.
+cannot decide the answer (PCIe: AR and linear DFlash at C=1; B300: AR and b8/k4 at C=1);
+everything else is stated from the hardware and K2.6's shapes (below, each with why). Every other field figure is a prediction.
 
     python -m proving_ground.emulator.calibration --box pcie-ep8 [--rho R]
     python -m proving_ground.emulator.calibration --markdown     (boxes/CALIBRATION.md)
