@@ -244,7 +244,9 @@ def load(name: str, rho: float | None = None) -> Costs:
 # --- Reports ---
 
 def _err(pred: float, field: float) -> float:
-    return (pred / field - 1) * 100
+    """Percent error, rounded to the 0.01 % the table shows, so that a fitted point's last-bit
+    residue cannot print as -0.0 on one machine and +0.0 on another."""
+    return round((pred / field - 1) * 100, 2) + 0.0
 
 
 def rows(box: dict, costs: Costs) -> list[dict]:
