@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from k26_ddtree.repro import bundle
+
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # The checkout's own interpreter, else the system's; the copied packages need the same minor version.
 _CANDIDATES = (sys.executable, "/usr/bin/python3")
@@ -72,17 +74,9 @@ class NobodyTree:
         self.root = Path(tempfile.mkdtemp(prefix="k26-nobody-", dir=parent))
         self.root.chmod(0o755)
         site = self.root / "site"
+        # The toolkit as the offline bundle lays it out: the package and the data it reads.
+        bundle.copy_self(site)
         ignore = shutil.ignore_patterns("__pycache__")
-        package = Path(__file__).resolve().parents[1] / "k26_ddtree"
-        shutil.copytree(package, site / "k26_ddtree", ignore=ignore)
-        for parts in _shipped_data():
-            src = package.parent.joinpath(*parts)
-            dst = site / "k26_ddtree" / "_data" / Path(*parts)
-            if src.is_dir():
-                shutil.copytree(src, dst, ignore=ignore)
-            else:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dst)
         for root in _third_party_roots(list(modules)):
             (shutil.copytree(root, site / root.name, ignore=ignore) if root.is_dir()
              else shutil.copy2(root, site / root.name))
@@ -104,8 +98,3 @@ class NobodyTree:
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-
-def _shipped_data():
-    from k26_ddtree.resources import SHIPPED_DATA
-
-    return SHIPPED_DATA
