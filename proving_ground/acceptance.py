@@ -45,6 +45,16 @@ def acceptance_table(per_sequence: list[DraftTopK], shapes: list[TreeShape]) -> 
     return table
 
 
+def every_start_table(per_sequence: list[DraftTopK], shapes: list[TreeShape]) -> dict[str, float]:
+    """Mean committed tokens of each shape over every root position, not only those a walk lands
+    on: beside acceptance_table it shows how much a server's path decides its acceptance."""
+    table = {}
+    for shape in shapes:
+        per_root = torch.cat([committed_per_root(topk, shape).float() for topk in per_sequence])
+        table[shape.name] = float(per_root.mean()) if per_root.numel() else 0.0
+    return table
+
+
 def rank_histogram(ranks: list[torch.Tensor]) -> dict[int, dict[str, int]]:
     """Per draft depth d (1..D), how often the true token sat at each rank bucket, over every
     root position; ranks[i] [A, D] are 1-based ranks of the true token in the drafter's law."""

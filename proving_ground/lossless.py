@@ -82,3 +82,9 @@ def gap_stats(reference_top2: list[list]) -> dict:
     if not gaps:
         return {}
     return {"median": gaps[len(gaps) // 2], "p10": gaps[len(gaps) // 10], "min": gaps[0], "count": len(gaps)}
+
+
+def stops(divergences: list[Divergence]) -> dict:
+    """How many requests' comparisons stopped early at a tie, and at which output positions."""
+    ties = [d for d in divergences if d.tie]
+    return {"requests": len(ties), "positions": sorted(d.position for d in ties)[:20]}

@@ -6,11 +6,12 @@ batch-size schedule named in `matrix.json` "schedules" (or given to the runner w
 a DDTree name optionally suffixed `-spine`
 (--speculative-ddtree-spine), any name optionally suffixed `-tp2` (tensor parallel over two
 GPUs) or `-tp2-ep2` (and expert parallel, the PCIe profile's shape at small scale), and then
-`-eager` (no CUDA graphs).
-The drafter: `real` is the trained drafter (accepts about 8 of 8), `weak` the imperfect
-one (fewer steps, less capacity: linear DFlash accepts 3-4.5 of 8, as K2.x drafters do on
-real text), `mid` the imperfect one's size trained on to about 6 of 8, `oracle` the trained
-drafter with the test-only oracle rewriting its top-K.
+`-eager` (no CUDA graphs), and last `-twin`: a second server of the same config (an A/A pair
+shows what a table resolves).
+The drafter: `real` is the trained drafter (near perfect), `weak` the field-like one (less
+capacity, stopped where linear DFlash accepts about 3.6 of 8, as K2.6's drafter does on real
+text), `weaker` the same stopped lower, `mid` the same trained on to about 5, `oracle` the trained
+drafter with the test-only oracle rewriting its top-K (proving_ground.train).
 The issue's matrix is BUDGETS x TOPKS; any other valid budget (1 <= budget <= sum of
 topk^d) may be named too, e.g. b2 to show that small budgets start. `matrix.json`
 (proving_ground/device/) lists which servers each device run starts.
@@ -32,12 +33,14 @@ TOPKS = (1, 4, 8)
 BLOCK_SIZE = 8
 SCHEDULE_NAME = re.compile(r"[a-z][a-z0-9]*")
 _NAME = re.compile(
-    r"^(ar|dflash(?:-(?P<dflash_drafter>weak|mid))?"
+    r"^(ar|dflash(?:-(?P<dflash_drafter>weak|weaker|mid))?"
     r"|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>" + SCHEDULE_NAME.pattern + r"))"
-    r"-(?P<drafter>real|weak|mid|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?$"
+    r"-(?P<drafter>real|weak|weaker|mid|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?"
+    r"(?P<twin>-twin)?$"
 )
 # The drafter checkpoint folder of each drafter kind, under the models folder.
-DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak", "mid": "drafter-mid"}
+DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak", "weaker": "drafter-weaker",
+                "mid": "drafter-mid"}
 
 
 def valid_pairs() -> list[tuple[int, int]]:

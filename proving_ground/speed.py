@@ -1,19 +1,18 @@
 """Side-by-side speed on the proving ground: repeats long enough to resolve a few percent.
 
 A speed table compares servers that all run on one GPU during one run.
-Per cell (concurrency, temperature) every server first runs one warm-up pass
-(untimed). A repeat keeps `concurrency` requests in flight (a closed loop: a
-finished request's slot takes the next at once) and stops issuing new ones at
-the first end of a whole cycle of the prompts after `min_seconds`: every repeat
-is long enough by construction, and every server's repeat covers each prompt
-equally often, so prompts of different difficulty weigh the same for all. The
-only tail is the last requests in flight, once per repeat. Repeats of one cell
-are interleaved across servers (round r runs every server once, the order
-rotated by r; a round the deadline leaves no time for is not started), so a
-drift of the machine during the cell shifts every server alike and the ratios
-stay fair. Each cell reports the median, min and max tok/s over its repeats
-and its acceptance; every greedy output is also checked against the AR
-reference (lossless).
+Per cell (concurrency, temperature) every server first makes one streamed pass
+(untimed for the table; its TTFT and ITL are the cell's latencies). The fastest
+server's rate in that pass sets a repeat's size: whole waves of `concurrency`
+requests, enough that even the fastest server's repeat lasts `min_seconds`.
+Round r gives every server the same prompts (repeat_order), `concurrency` in
+flight (a closed loop: a finished request's slot takes the next at once), so
+prompts of different difficulty weigh the same for all servers. Rounds run
+every server once, the order rotated by r; a round the deadline leaves no time
+for is not started, so a drift of the machine during the cell shifts every
+server alike and the ratios stay fair. Each cell reports the median, min and
+max tok/s over its repeats and its acceptance; every greedy output is also
+checked against the AR reference (lossless).
 
 Only one workload is on the GPU at a time: the runner calls measure() once
 everything else is done.
@@ -21,7 +20,10 @@ everything else is done.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import math
+import random
 import statistics
 import threading
 import time
@@ -29,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from k26_ddtree.bench.closed_loop import ClosedLoop
+from k26_ddtree.bench.client import ServerClient
+from k26_ddtree.bench.metrics import distribution_ms
 from proving_ground import lossless
 
 
@@ -110,6 +113,8 @@ class CellResult:
     divergences: list[lossless.Divergence] = field(default_factory=list)
     checked: bool = False  # greedy outputs compared with the AR reference
     note: str = ""
+    latency: dict | None = None  # latency_pass() of the cell's warm pass
+    regrown: list[str] = field(default_factory=list)  # "before->after" requests of each round not kept
 
     def summary(self, speculative: bool) -> dict:
         rates = [r.tok_per_s for r in self.repeats if not r.errors]
@@ -131,8 +136,40 @@ class CellResult:
             "errors": errors,
             "verdict": ("FAIL" if errors else lossless.verdict(self.divergences)) if self.checked else ("FAIL" if errors else "completed"),
             "divergences": [d.as_dict() for d in self.divergences[:20]],
+            "stopped_early": lossless.stops(self.divergences),
+            "latency": self.latency,
+            "rounds_not_kept": [f"shorter than min_seconds; requests per repeat {g}" for g in self.regrown],
             "note": self.note,
         }
+
+
+BOOTSTRAP_DRAWS = 4000
+MIN_BOOTSTRAP_REPEATS = 3
+
+
+def ratio_interval(top: dict, bottom: dict) -> list[float] | None:
+    """The 95 % percentile-bootstrap interval of the ratio of two pooled cells of the same tables.
+    A speed table runs its repeats in rounds, every server once per round, so rounds are drawn
+    again with replacement, the same rounds for both cells (a drift that moves a whole round
+    moves both alike), and each draw is pooled as the cell is: the mean of the tables' medians.
+    An interval that holds 1 is a difference the table cannot tell from its spread inside these
+    server starts. None where a cell kept no usable per-repeat rates, or a table's two cells ran
+    different numbers of rounds or fewer than 3. Seeded: the same tables give the same interval."""
+    tops, bottoms = top.get("table_repeats"), bottom.get("table_repeats")
+    if not tops or not bottoms or len(tops) != len(bottoms):
+        return None
+    for a, b in zip(tops, bottoms):
+        if len(a) != len(b) or len(a) < MIN_BOOTSTRAP_REPEATS or min(a + b) <= 0:
+            return None
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(BOOTSTRAP_DRAWS):
+        rounds = [rng.choices(range(len(a)), k=len(a)) for a in tops]
+        ratios.append(statistics.fmean(statistics.median(a[i] for i in r) for a, r in zip(tops, rounds))
+                      / statistics.fmean(statistics.median(b[i] for i in r) for b, r in zip(bottoms, rounds)))
+    ratios.sort()
+    return [ratios[int(0.025 * BOOTSTRAP_DRAWS)], ratios[int(0.975 * BOOTSTRAP_DRAWS) - 1]]
+
 
 
 Send = Callable[[str, list[int], dict], dict]
@@ -153,29 +190,44 @@ def sampling_params(cell: dict, new_tokens: int) -> dict:
     return params
 
 
-def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int,
-               min_seconds: float, first: int = 0):
-    """`concurrency` requests in flight, prompts cycled from `first`, until a whole number of
-    prompt cycles (at least one, and at least `concurrency` requests) has been issued after
-    min_seconds: (Repeat, [(prompt index, reply)])."""
+def repeat_order(n_prompts: int, count: int, r: int) -> list[int]:
+    """Round r's prompts: `count` of them in order from r·count (cycling), the same for every
+    server of the round, so every server's repeat r serves the same text."""
+    return [(r * count + i) % n_prompts for i in range(count)]
+
+
+# The fastest server's repeat is planned this much longer than min_seconds: its warm pass, which
+# sets the plan, streams and so runs slightly slower than the timed repeats.
+PLAN_MARGIN = 1.1
+
+
+def repeat_count(concurrency: int, fastest_tok_s: float, new_tokens: int, min_seconds: float) -> int:
+    """Requests per repeat: whole waves of `concurrency`, enough that the fastest server's repeat
+    lasts min_seconds."""
+    waves = math.ceil(min_seconds * PLAN_MARGIN * max(fastest_tok_s, 1e-9) / (new_tokens * concurrency))
+    return concurrency * max(1, waves)
+
+
+def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int]):
+    """The prompts of `order`, `concurrency` requests in flight (a closed loop: a finished
+    request's slot takes the next at once): (Repeat, [(prompt index, reply)])."""
     lock = threading.Lock()
+    queue = iter(order)
     started = time.time()
     cpu_before = cpu_times()
     start = time.perf_counter()
-    loop = ClosedLoop(len(prompts), concurrency, min_seconds, start, first)
-
-    def next_prompt() -> int | None:
-        with lock:
-            return loop.take(time.perf_counter())
 
     def worker() -> list:
         mine = []
-        while (index := next_prompt()) is not None:
+        while True:
+            with lock:
+                index = next(queue, None)
+            if index is None:
+                return mine
             try:
                 mine.append((index, send(url, prompts[index], params)))
             except (OSError, ValueError, http.client.HTTPException) as err:
                 mine.append((index, {"error": f"{type(err).__name__}: {err}"}))
-        return mine
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         replies = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
@@ -187,6 +239,27 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu), replies
 
 
+def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int],
+                 timeout_s: float) -> dict:
+    """One streamed pass through `k26-deploy bench`'s client: TTFT and ITL (the gaps between
+    streamed chunks) as that command reports them, and the pass's tok/s."""
+
+    async def go():
+        async with ServerClient(url, None, timeout_s, concurrency) as client:
+            return await asyncio.gather(*(client.generate({"input_ids": prompts[i], "sampling_params": params})
+                                          for i in order))
+
+    records = asyncio.run(go())
+    ok = [r for r in records if r.ok]
+    # The rate of `concurrency` requests in flight, from the requests' own latencies: a short
+    # pass's wall time is mostly the client's start.
+    busy_s = sum(r.latency_s for r in ok) / concurrency
+    return {"requests": len(records), "errors": len(records) - len(ok),
+            "tok_per_s": sum(r.completion_tokens for r in ok) / busy_s if busy_s > 0 else 0.0,
+            "ttft_ms": distribution_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
+            "itl_ms": distribution_ms([gap for r in ok for gap in r.chunk_gaps_s])}
+
+
 AfterRound = Callable[[str, dict, int, int, float], None]
 
 
@@ -194,9 +267,11 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
             deadline: float, say: Callable[[str], None], after_round: AfterRound | None = None) -> list[dict]:
     """The summaries (CellResult.summary) of every cell of `spec` on every server (objects with
     .spec.name, .spec.speculative, .url), interleaved; rounds the deadline leaves no time
-    for are not started, and the cell says so. after_round(cell name, cell, round, rounds,
-    seconds the cell's remaining rounds need), if given, runs after each round (the costs
-    measured inside the table: tuning.TableCosts)."""
+    for are not started, and the cell says so. Per cell every server first makes one streamed
+    pass of max(C, 2) requests (untimed for the table; its TTFT and ITL are the cell's), whose
+    fastest rate sets how many requests a repeat holds. after_round(cell name, cell, round,
+    rounds, seconds the cell's remaining rounds need), if given, runs after each round (the
+    costs measured inside the table: tuning.TableCosts)."""
     results = []
     speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
@@ -205,31 +280,50 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
         greedy = float(cell["temperature"]) == 0.0
         by_server = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
                      for s in servers}
-        longest = 0.0
+        warm = repeat_order(len(prompts), max(concurrency, 2), 0)
+        rates = []
         for server in servers:
             if time.time() > deadline:
                 break
-            warm, _ = run_repeat(send, server.url, prompts, params, concurrency, 0.0)
-            longest = max(longest, warm.wall_s)
-        for r in range(spec.repeats):
-            # A repeat lasts min_seconds plus at most one pass; a round is one repeat per server.
-            if time.time() + len(servers) * (spec.min_seconds + longest) > deadline:
+            latency = latency_pass(server.url, prompts, params, concurrency, warm, max(5.0, deadline - time.time()))
+            by_server[server.spec.name].latency = latency
+            rates.append(latency["tok_per_s"])
+        count = repeat_count(concurrency, max(rates, default=0.0), spec.new_tokens, spec.min_seconds)
+        slowest_s = count * spec.new_tokens / max(min(rates, default=0.0), 1e-9)
+        kept, r, grown = 0, 0, []
+        while kept < spec.repeats:
+            # A round is one repeat per server, each about as long as its warm pass's rate says.
+            if time.time() + len(servers) * slowest_s > deadline:
                 for result in by_server.values():
                     result.note = f"cut at the run deadline after {len(result.repeats)} repeats"
                 break
+            order = repeat_order(len(prompts), count, r)
+            done = []
             for server in servers[r % len(servers):] + servers[: r % len(servers)]:
                 result = by_server[server.spec.name]
-                repeat, replies = run_repeat(send, server.url, prompts, params, concurrency, spec.min_seconds,
-                                             first=r)
-                result.repeats.append(repeat)
+                repeat, replies = run_repeat(send, server.url, prompts, params, concurrency, order)
+                done.append((result, repeat))
                 if result.checked:
                     result.divergences += lossless.divergences(
                         ((index, reply.get("output_ids") or []) for index, reply in replies if "error" not in reply),
                         reference, spec.eps)
+            r += 1
+            shortest = min(repeat.wall_s for _, repeat in done)
+            if shortest < spec.min_seconds and not any(repeat.errors for _, repeat in done):
+                # The warm pass overrated the fastest server: this round is not kept, and the
+                # repeats grow so that it too lasts min_seconds.
+                before = count
+                count = concurrency * math.ceil(count * spec.min_seconds * PLAN_MARGIN / shortest / concurrency)
+                slowest_s *= count / before
+                grown.append(f"{before}->{count}")
+                continue
+            for result, repeat in done:
+                result.repeats.append(repeat)
+            kept += 1
             if after_round is not None:
-                after_round(cell_name, cell, r, spec.repeats,
-                            (spec.repeats - r - 1) * len(servers) * (spec.min_seconds + longest))
+                after_round(cell_name, cell, kept - 1, spec.repeats, (spec.repeats - kept) * len(servers) * slowest_s)
         for result in by_server.values():
+            result.regrown = grown
             s = result.summary(speculative[result.server])
             say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "
                 f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} repeats of {s['requests_per_repeat']} requests) "
@@ -238,43 +332,54 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
     return results
 
 
-def ratio_table(summaries: list[dict], baseline: str) -> dict:
-    """{cell: {server: median / baseline median}} for the side-by-side ratios."""
-    by_cell: dict[str, dict[str, float]] = {}
-    for s in summaries:
-        by_cell.setdefault(s["cell"], {})[s["server"]] = s["median_tok_s"]
-    ratios = {}
-    for cell, medians in by_cell.items():
-        base = medians.get(baseline)
-        ratios[cell] = {name: (round(m / base, 3) if base and m else None) for name, m in medians.items()}
-    return ratios
+def interval(summary: dict, baseline: dict) -> list[float] | None:
+    """The 95 % interval of one cell's ratio to the baseline server's cell of the same table."""
+    return ratio_interval({"table_repeats": [summary.get("repeat_tok_s") or []]},
+                          {"table_repeats": [baseline.get("repeat_tok_s") or []]})
+
+
+def _ratio_text(s: dict | None, base: dict | None) -> str:
+    if not s or not base or not s["median_tok_s"] or not base["median_tok_s"]:
+        return "-"
+    bounds = interval(s, base)
+    text = f"{s['median_tok_s'] / base['median_tok_s']:.2f}"
+    return text + (f" [{bounds[0]:.2f}-{bounds[1]:.2f}]" if bounds else "")
+
+
+def _ms(latency: dict | None, key: str) -> str:
+    dist = (latency or {}).get(key) or {}
+    if dist.get("p50") is None:
+        return "-"
+    return f"{dist['p50']:.1f} / {dist['p99']:.1f}"
 
 
 def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, device: str, prompts: int) -> str:
-    ratios = ratio_table(summaries, baseline)
     cells = list(spec.cells)
     servers = list(dict.fromkeys(s["server"] for s in summaries))
     by = {(s["server"], s["cell"]): s for s in summaries}
     lines = [f"# Speed, run {run}", "",
-             f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), {prompts} prompts cycled; each cell the median "
-             f"of {spec.repeats} repeats of >= {spec.min_seconds} s, interleaved across servers inside one server "
-             f"start; ratios are medians over {baseline}'s median.", "",
-             "| server | " + " | ".join(f"{c} tok/s (min-max) | x{baseline} | accept" for c in cells) + " | lossless |",
-             "|---|" + "---|---|---|" * len(cells) + "---|"]
+             f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), {prompts} prompts; each cell the "
+             f"median of {spec.repeats} interleaved repeats of >= {spec.min_seconds} s inside one server start, "
+             f"every server's repeat r serving the same prompts. x{baseline}: the ratio of medians, with its 95 % "
+             "bootstrap interval over the rounds. TTFT and ITL (the gaps between streamed chunks): p50 / p99 ms of "
+             "one streamed pass of max(C, 2) requests per cell, through `k26-deploy bench`'s client.", "",
+             f"## x{baseline}", "",
+             "| server | " + " | ".join(cells) + " |", "|---|" + "---|" * len(cells)]
     for name in servers:
-        row = [name]
-        verdicts = set()
-        for cell in cells:
+        lines.append(f"| {name} | " + " | ".join(_ratio_text(by.get((name, c)), by.get((baseline, c)))
+                                                 for c in cells) + " |")
+    for cell in cells:
+        lines += ["", f"## {cell}", "", "| server | tok/s (min-max) | x" + baseline + " | accept | TTFT ms | ITL ms "
+                  "| lossless | ties stopped |", "|---|---|---|---|---|---|---|---|"]
+        for name in servers:
             s = by.get((name, cell))
             if s is None or s["median_tok_s"] is None:
-                row += ["-", "-", "-"]
                 continue
-            row.append(f"{s['median_tok_s']:.0f} ({s['min_tok_s']:.0f}-{s['max_tok_s']:.0f})")
-            r = ratios[cell].get(name)
-            row.append("" if r is None else f"{r:.2f}")
-            row.append("" if s["accept_length"] is None else f"{s['accept_length']:.2f}")
-            verdicts.add(s["verdict"])
-        row.append(", ".join(sorted(verdicts)))
-        lines.append("| " + " | ".join(row) + " |")
+            stops = s.get("stopped_early") or {}
+            lines.append(f"| {name} | {s['median_tok_s']:.0f} ({s['min_tok_s']:.0f}-{s['max_tok_s']:.0f}) | "
+                         f"{_ratio_text(s, by.get((baseline, cell)))} | "
+                         f"{'' if s['accept_length'] is None else format(s['accept_length'], '.2f')} | "
+                         f"{_ms(s.get('latency'), 'ttft_ms')} | {_ms(s.get('latency'), 'itl_ms')} | {s['verdict']} | "
+                         f"{stops.get('requests', 0)}{' at ' + str(stops['positions']) if stops.get('positions') else ''} |")
     lines.append("")
     return "\n".join(lines)

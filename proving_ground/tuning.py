@@ -29,7 +29,6 @@ machine did differently then, and this separates the model from that.
 from __future__ import annotations
 
 import json
-import random
 import re
 import shutil
 import subprocess
@@ -44,6 +43,7 @@ from k26_ddtree import atomic
 from k26_ddtree.core.acceptance import TreeShape
 from k26_ddtree.errors import UserError
 from proving_ground import speed
+from proving_ground.speed import ratio_interval
 from proving_ground.matrix import parse_server, variant
 from k26_ddtree.jsonread import Unreadable, read_json
 from k26_ddtree.sglang.trace import FLUSH_SECONDS
@@ -553,34 +553,6 @@ def _pooled(speed_docs: list[dict]) -> dict[str, dict[int, dict]]:
                                                 "accept_length": fmean(accepts) if accepts else None,
                                                 "table_repeats": repeats if usable else None}
     return pooled
-
-
-BOOTSTRAP_DRAWS = 4000
-MIN_BOOTSTRAP_REPEATS = 3
-
-
-def ratio_interval(top: dict, bottom: dict) -> list[float] | None:
-    """The 95 % percentile-bootstrap interval of the ratio of two pooled cells of the same tables.
-    A speed table runs its repeats in rounds, every server once per round, so rounds are drawn
-    again with replacement, the same rounds for both cells (a drift that moves a whole round
-    moves both alike), and each draw is pooled as the cell is: the mean of the tables' medians.
-    An interval that holds 1 is a difference the table cannot tell from its spread inside these
-    server starts. None where a cell kept no usable per-repeat rates, or a table's two cells ran
-    different numbers of rounds or fewer than 3. Seeded: the same tables give the same interval."""
-    tops, bottoms = top.get("table_repeats"), bottom.get("table_repeats")
-    if not tops or not bottoms or len(tops) != len(bottoms):
-        return None
-    for a, b in zip(tops, bottoms):
-        if len(a) != len(b) or len(a) < MIN_BOOTSTRAP_REPEATS or min(a + b) <= 0:
-            return None
-    rng = random.Random(0)
-    ratios = []
-    for _ in range(BOOTSTRAP_DRAWS):
-        rounds = [rng.choices(range(len(a)), k=len(a)) for a in tops]
-        ratios.append(fmean(median(a[i] for i in r) for a, r in zip(tops, rounds))
-                      / fmean(median(b[i] for i in r) for b, r in zip(bottoms, rounds)))
-    ratios.sort()
-    return [ratios[int(0.025 * BOOTSTRAP_DRAWS)], ratios[int(0.975 * BOOTSTRAP_DRAWS) - 1]]
 
 
 def _chosen(best: dict[int, dict]) -> dict[int, str]:

@@ -1,4 +1,7 @@
-"""The cost-realistic target: the trained tiny target made to cost GPU time like an MoE, same text.
+"""The widened target: the trained tiny target with a wider, slower MLP, same text.
+
+Its verify cost is nearly flat in the step's tokens, unlike K2.6's MoE: proving_ground.emulator
+models that cost instead.
 
 On the tiny target a decode step is bound by host overhead (about 4 ms a step while the GPU
 works about 0.5 ms), so its tok/s mostly measures Python; on K2.6 it is the verify's GPU

@@ -1,5 +1,4 @@
-"""When a closed loop issues its next request: the one issuing policy of `bench --steady` and
-the proving ground's speed table (gpu/speed.py), so both measure the same steady state.
+"""When a closed loop issues its next request: the issuing policy of `bench --steady`.
 
 A repeat keeps `concurrency` requests in flight over `cycle` prompts taken in order from
 `first`. It stops issuing at the first end of a whole cycle once `min_seconds` have passed

@@ -12,7 +12,8 @@
 # speed-runRUN.md for a speed run, logs-runRUN.tar.xz, oracle-runRUN.json, jit-cache.tar.xz, run.log
 # (graph_check's output included when it trained), gpu-state-runRUN.csv with K26_GPU_STATE=1, and
 # model.tar.xz when it trained.
-# K26_WIDE=1 serves the cost-realistic target instead (the pair's target widened here, K26_WIDEN_ARGS).
+# K26_WIDE=1 serves the widened target instead (the pair's target widened here, K26_WIDEN_ARGS).
+# K26_BOX=NAME serves the K2.6 cost emulator of box NAME (proving_ground/emulator/boxes/NAME.json).
 set -uo pipefail
 RUN=${1:?usage: bash proving_ground/device/run.sh RUN}
 OUT=${OUT:-$PWD/gpu-out}
@@ -72,17 +73,38 @@ if [ -z "$CHECK_PID" ] && [ "${K26_GRAPH_CHECK:-0}" = 1 ]; then
 fi
 MODELS=$K/models
 if [ "${K26_WIDE:-0}" = 1 ]; then
-  # The cost-realistic target (proving_ground.widen): the trained target's text at MoE-like GPU cost.
+  # The widened target (proving_ground.widen): the trained target's text with a wider, slower MLP.
   WIDEN_KEY="$MODEL_SHA ${K26_WIDEN_ARGS:-}"
   if [ -f "$K/models-wide/widen_report.json" ] && [ "$(cat "$K/models-wide/.k26-widen" 2>/dev/null)" = "$WIDEN_KEY" ]; then
-    step "cost-realistic target already here (warm machine)"
+    step "widened target already here (warm machine)"
   else
-    step "widen the target into the cost-realistic one"; rm -rf "$K/models-wide"
+    step "widen the target"; rm -rf "$K/models-wide"
     python3 -m proving_ground.widen --models "$K/models" --out "$K/models-wide" ${K26_WIDEN_ARGS:-} || exit 1
     echo "$WIDEN_KEY" > "$K/models-wide/.k26-widen"
   fi
   cat "$K/models-wide/widen_report.json"
   MODELS=$K/models-wide
+fi
+if [ -n "${K26_BOX:-}" ]; then
+  # The K2.6 cost emulator (proving_ground/emulator): the same pair, its target's forward made to
+  # cost what one rank of the box spends. subtract_us is what the pair already spends per step:
+  # a DFLASH step of the plain pair takes 4180 us at C=1 (1004 tok/s at acceptance 4.20,
+  # bench/results/2026-12-01-tiny-tree-vs-chain-speed), host included, since SGLang 0.5.11's
+  # DFlash worker does not overlap host and GPU; an AR step overlaps its host time with the
+  # previous step's GPU work, so only the target's own kernels count (about 150 us of the
+  # profiled spec step's 430, bench/results/2026-11-30-decode-step-profiles).
+  SUBTRACT=${K26_SUBTRACT:---subtract-decode-us 150 --subtract-verify-us 4180}
+  EMU=$K/models-$K26_BOX
+  EMU_KEY="$MODEL_SHA $K26_BOX $SUBTRACT $(cat proving_ground/emulator/boxes/"$K26_BOX".json proving_ground/emulator/calibration.py | sha256sum | cut -c1-16)"
+  if [ -f "$EMU/target/config.json" ] && [ "$(cat "$EMU/.k26-emulated" 2>/dev/null)" = "$EMU_KEY" ]; then
+    step "emulated $K26_BOX folder already here (warm machine)"
+  else
+    step "emulate $K26_BOX: $SUBTRACT"; rm -rf "$EMU"; mkdir -p "$EMU"
+    python3 -m proving_ground.emulator.folder --target "$MODELS/target" --out "$EMU/target" --box "$K26_BOX" $SUBTRACT || exit 1
+    for f in "$MODELS"/*; do [ "$(basename "$f")" = target ] || ln -s "$f" "$EMU/"; done
+    echo "$EMU_KEY" > "$EMU/.k26-emulated"
+  fi
+  MODELS=$EMU
 fi
 cat "$K/models/train_report.json" 2>/dev/null
 if [ -n "$CHECK_PID" ]; then

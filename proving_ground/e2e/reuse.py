@@ -47,7 +47,7 @@ def oracle_agreement(carried: Path, reference: dict) -> dict:
 
 
 # Settings that change only how the runner waits for servers, not what a server is.
-HARNESS_SETTINGS = ("ready_timeout_s", "launch_stagger_s")
+HARNESS_SETTINGS = ("ready_timeout_s", "launch_stagger_s", "new_tokens", "prompts", "prompt_offset", "reference_concurrency")
 
 
 def fingerprint(site: Path, models: Path, settings: dict) -> str:
@@ -58,7 +58,8 @@ def fingerprint(site: Path, models: Path, settings: dict) -> str:
     for path in [site / ".k26-bundle", *sorted((site / "k26_ddtree").rglob("*.py"))]:
         if path.is_file():
             digest.update(str(path.relative_to(site)).encode() + path.read_bytes())
-    for name in (".k26-model", "train_report.json", "prompts.json"):
+    # The target's config.json carries an emulated box's costs.
+    for name in (".k26-model", "train_report.json", "prompts.json", "target/config.json"):
         if (models / name).is_file():
             digest.update((models / name).read_bytes())
     return digest.hexdigest()

@@ -22,6 +22,7 @@ from proving_ground.e2e.servers import (
     stop, wait_ready, warm_sampling,
 )
 from proving_ground.e2e.workloads import cell_record, MIN_WORKLOAD_S, run_workload
+from proving_ground.emulator.folder import EMULATOR_LOG_MARK, emulation, EXTERNAL_PACKAGE, EXTERNAL_PACKAGE_ENV
 from proving_ground.oracle import ENV_VAR as ORACLE_ENV
 from proving_ground.oracle import HOOK as ORACLE_HOOK
 
@@ -46,9 +47,13 @@ class MatrixRun:
         self.settings = dict(self.spec["server"], **self.spec.get("run_settings", {}).get(str(args.run), {}))
         # A run may generate fewer tokens per request (its speed repeats then end sooner).
         self.spec["new_tokens"] = int(self.settings.get("new_tokens", self.spec["new_tokens"]))
+        # A run may serve another slice of the prompts (tune's traced ones) or more of them.
+        first = int(self.settings.get("prompt_offset", 0))
+        count = int(self.settings.get("prompts", self.spec["prompts"]))
         try:
             prompts_doc = json.loads((args.models / "prompts.json").read_text())
-            self.prompts = [p["input_ids"] for p in prompts_doc["prompts"]][: self.spec["prompts"]]
+            self.prompts = [p["input_ids"] for p in prompts_doc["prompts"]][first:first + count]
+            self.emulated = emulation(args.models)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise UserError(f"{args.models}/prompts.json is missing or not the model pair's prompts ({err}); "
                             "make the pair with `python -m proving_ground.train --out DIR`") from None
@@ -160,6 +165,10 @@ class MatrixRun:
         self.launch_and_wait([s for s in now if s.spec.name in last - first])
         for t in warmers:
             t.join(timeout=max(1.0, self.time_left() - MIN_WORKLOAD_S))
+        if self.emulated:
+            for server in self.servers:
+                if server.status == "ready" and EMULATOR_LOG_MARK not in log_tail(server.log, 100_000):
+                    server.status = f"failed: serves the plain target (no {EMULATOR_LOG_MARK!r} line in its log)"
         reused = [s.spec.name for s in self.servers if s.reused]
         say(f"servers ready: {sum(s.status == 'ready' for s in self.servers)}; reused from an earlier run: "
             f"{', '.join(reused) or 'none'}")
@@ -198,6 +207,9 @@ class MatrixRun:
                         TORCHINDUCTOR_CACHE_DIR=str(args.jit_dir / "inductor"))
         base_env.pop(ORACLE_ENV, None)
         base_env.pop(TOPK_HOOK_ENV, None)
+        base_env.pop(EXTERNAL_PACKAGE_ENV, None)
+        if self.emulated:
+            base_env[EXTERNAL_PACKAGE_ENV] = EXTERNAL_PACKAGE
         ddtree_site, why = None, ""
         previous = args.work / "site-ddtree"
         if args.patched_site:
@@ -263,7 +275,10 @@ class MatrixRun:
         then the -oracle servers start."""
         ar = next(s for s in self.servers if s.spec.name == "ar")
         if ar.status == "ready":
-            workload = self.spec["workloads"]["greedy-c1"]
+            # At C > 1 on an emulated box the reference costs less device time; greedy AR at any
+            # batch is the reference, and the tie rule covers what batching may move.
+            workload = dict(self.spec["workloads"]["greedy-c1"],
+                            concurrency=int(self.settings.get("reference_concurrency", 1)))
             results, wall = run_workload(ar, workload, self.prompts, self.spec["new_tokens"], True, self.deadline)
             rows = [r for r in results if "error" not in r]
             cell = cell_record(ar, "greedy-c1", workload, results, wall, None, self.spec["eps"])
@@ -327,6 +342,9 @@ class MatrixRun:
         skip = set(self.spec["speed"].get("skip", {}).get(str(self.args.run), []))
         ready = [s for s in self.servers if s.status == "ready" and s.spec.name not in skip]
         spec = speed.SpeedSpec.from_matrix(self.spec, self.args.run)
+        if any(float(cell["temperature"]) > 0 for cell in spec.cells.values()):
+            # The sampling kernels load once per process: not inside a cell's latency pass.
+            in_parallel(lambda s=s: warm_sampling(s) for s in ready)
         table_groups = [group for group in self.tunes if group.trace_from]
         # What the report still needs: stopping kept servers is not needed, the rest is quick; and
         # a table group's costs are worth nothing unless its tune still runs after the table.
@@ -400,7 +418,8 @@ class MatrixRun:
                   "wall_s": round(time.time() - self.t0, 1), "gpu_peak_mib": self.sampler.total_peak_mib,
                   "reference_gaps": lossless.gap_stats([r["top2"] for r in self.ref_rows]) if self.ref_rows else None,
                   "oracle_file": "carried" if self.carried_oracle else "this run's AR",
-                  "servers": servers_out, "not_started": self.not_started}
+                  "servers": servers_out, "not_started": self.not_started, "emulated": self.emulated,
+                  "prompt_offset": int(self.settings.get("prompt_offset", 0))}
         if self.is_speed:
             report["speed"] = self.speed
         for name in ("train_report", "acceptance"):

@@ -24,6 +24,17 @@ from proving_ground.emulator.calibration import CalibrationError, OneLineParser,
 EMULATED_ARCH = "K26EmulatedDeepseekV3ForCausalLM"
 TARGET_ARCH = "DeepseekV3ForCausalLM"
 EXTERNAL_PACKAGE = "proving_ground.emulator"
+EXTERNAL_PACKAGE_ENV = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+# model.py logs it at load: a server log without it serves the plain target.
+EMULATOR_LOG_MARK = "k26 emulator:"
+
+
+def emulation(models: Path) -> dict | None:
+    """The k26_emulator block of a models folder's target (None: the plain target)."""
+    try:
+        return json.loads((models / "target" / "config.json").read_text()).get("k26_emulator")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def emulated_config(config: dict, box: str, rho: float | None, subtract_us: dict) -> dict:

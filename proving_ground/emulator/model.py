@@ -22,6 +22,7 @@ import torch
 from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
 
 from proving_ground.emulator.calibration import Costs
+from proving_ground.emulator.folder import EMULATOR_LOG_MARK
 from proving_ground.emulator.wait import step_wait
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class K26EmulatedDeepseekV3ForCausalLM(DeepseekV3ForCausalLM):
         block = config.k26_emulator
         self.k26_costs = Costs.from_block(block["costs"])
         self.k26_subtract_us = dict(block["subtract_us"])
-        logger.info("k26 emulator: box %s, layout %s, rho %g, subtract_us %s", self.k26_costs.box,
+        logger.info(EMULATOR_LOG_MARK + " box %s, layout %s, rho %g, subtract_us %s", self.k26_costs.box,
                     self.k26_costs.layout, self.k26_costs.rho, self.k26_subtract_us)
 
     @torch.no_grad()

@@ -11,36 +11,72 @@ from proving_ground import corpus, tinymodel, tokenizer, train
 tokenizers = pytest.importorskip("tokenizers")
 
 
-def test_corpus_is_a_pure_function_of_the_seed():
-    assert corpus.generate_text(3, 500) == corpus.generate_text(3, 500)
-    assert corpus.generate_text(3, 500) != corpus.generate_text(4, 500)
-    assert corpus.make_prompts(0) == corpus.make_prompts(0)
-    assert len(corpus.make_prompts(0)) == 8
-
-
-def test_chain_has_one_dominant_successor_per_word():
-    words = corpus.make_words(0)
-    chain = corpus.make_chain(words, 0)
-    for successors, probs in chain.values():
-        assert probs[0] == corpus.DOMINANT_P and abs(sum(probs) - 1.0) < 1e-9
-        assert len(set(successors)) == len(successors)
+@pytest.fixture(scope="module")
+def text_root(pristine_sglang):
+    return pristine_sglang / "sglang"
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return tokenizer.build_tokenizer(corpus.corpus_lines(0, 20_000), tinymodel.VOCAB)
+def lines(text_root):
+    return corpus.corpus_lines(text_root, 60_000)
 
 
-def test_tokenizer_vocab_is_exactly_the_models(tok):
+def test_the_text_is_the_pinned_sources_without_their_license_headers(text_root, lines):
+    assert corpus.corpus_lines(text_root, 60_000) == lines, "a pure function of the package folder"
+    assert 40_000 < sum(map(len, lines)) <= 60_000 and all(line.strip() for line in lines)
+    assert not any("Licensed under the Apache License" in line for line in lines)
+    first = corpus.source_files(text_root)[0]
+    assert first.relative_to(text_root).parts[:2] == tuple(corpus.SUBPACKAGES[0].split("/"))
+    assert corpus.fingerprint(lines) != corpus.fingerprint(lines[1:])
+
+
+def test_the_full_text_leaves_every_prompt_a_continuation_that_never_cycles_in_the_source(text_root):
+    """What a target that reproduces the text continues with: none of it periodic under 64."""
+    full = corpus.corpus_lines(text_root)
+    ids = train.encode_corpus(tokenizer.build_tokenizer(full, tinymodel.VOCAB), full).tolist()
+    offsets = corpus.prompt_offsets(len(ids))
+    assert len(offsets) == corpus.PROMPTS
+    # Served prompts' continuations do not overlap one another.
+    assert min(b - a for a, b in zip(offsets, offsets[1:])) >= corpus.PROMPT_TOKENS + corpus.CONTINUATION_TOKENS
+    starts = [o + corpus.PROMPT_TOKENS for o in offsets]
+    periods = [corpus.shortest_period(ids[s:s + corpus.CONTINUATION_TOKENS]) for s in starts]
+    assert min(periods) >= corpus.MIN_PERIOD, periods
+
+
+def test_shortest_period():
+    assert corpus.shortest_period([1, 2, 3, 1, 2, 3, 1]) == 3
+    assert corpus.shortest_period([5] * 10) == 1
+    assert corpus.shortest_period([1, 2, 3, 4]) == 4
+    assert corpus.shortest_period(list(range(64)) * 4) == 64
+
+
+def test_prompt_offsets_refuse_a_text_too_short():
+    with pytest.raises(ValueError, match="too few"):
+        corpus.prompt_offsets(300)
+
+
+def test_a_missing_text_root_is_one_line(tmp_path, capsys):
+    assert train.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--smoke", "--text-root",
+                       str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train: error: ") and "holds Python source" in err and len(err.splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def tok(lines):
+    return tokenizer.build_tokenizer(lines, tinymodel.VOCAB)
+
+
+def test_tokenizer_vocab_is_exactly_the_models(tok, lines):
     assert tok.get_vocab_size() == tinymodel.VOCAB == tinymodel.TARGET_CONFIG["vocab_size"]
     assert [tok.id_to_token(i) for i in range(3)] == ["<|bos|>", "<|eos|>", "<|MASK|>"]
     assert tinymodel.DRAFT_CONFIG["dflash_config"]["mask_token_id"] == tok.token_to_id("<|MASK|>")
-    text = corpus.make_prompts(0)[0]
+    text = "\n".join(lines[:5])
     assert tok.decode(tok.encode(text).ids) == text
 
 
-def test_tokenizer_build_is_deterministic(tok):
-    again = tokenizer.build_tokenizer(corpus.corpus_lines(0, 20_000), tinymodel.VOCAB)
+def test_tokenizer_build_is_deterministic(tok, lines):
+    again = tokenizer.build_tokenizer(lines, tinymodel.VOCAB)
     assert again.to_str() == tok.to_str()
 
 
@@ -117,20 +153,34 @@ def test_drafter_training_batch_shapes_and_mask():
     assert labels.shape == (2, 3, tinymodel.BLOCK_SIZE - 1)
 
 
-def test_smoke_training_writes_both_pairs_and_their_acceptance(tmp_path):
-    train.make_pair(tmp_path, 0, time_budget=1.0, device=torch.device("cpu"), knobs=train.SMOKE)
-    for sub in ("target", "drafter", "drafter-weak", "drafter-mid"):
+@pytest.fixture(scope="module")
+def smoke_pair(tmp_path_factory, text_root):
+    out = tmp_path_factory.mktemp("pair")
+    train.make_pair(out, 0, time_budget=1.0, device=torch.device("cpu"), text_root=text_root, knobs=train.SMOKE)
+    return out
+
+
+def test_smoke_training_writes_the_pair_its_prompts_and_their_acceptance(smoke_pair):
+    tmp_path = smoke_pair
+    for sub in ("target", "drafter", "drafter-weak", "drafter-weaker", "drafter-mid"):
         for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             assert (tmp_path / sub / name).is_file()
     weak = json.loads((tmp_path / "drafter-weak" / "config.json").read_text())
     assert weak["num_hidden_layers"] == 1 and weak["dflash_config"] == tinymodel.DRAFT_CONFIG["dflash_config"]
-    prompts = json.loads((tmp_path / "prompts.json").read_text())["prompts"]
-    assert len(prompts) == 8 and all(p["input_ids"] for p in prompts)
+    meta = json.loads((tmp_path / "prompts.json").read_text())
+    prompts = meta["prompts"]
+    assert len(prompts) == train.SMOKE.prompts and meta["served"] == train.SMOKE.served
+    assert all(len(p["input_ids"]) == corpus.PROMPT_TOKENS for p in prompts)
     report = json.loads((tmp_path / "train_report.json").read_text())
-    assert {"median_gap", "p10_gap", "min_gap"} <= set(report["target"])
+    continuations = report["target"]["continuations"]
+    assert {"median_gap", "p10_gap", "min_gap", "shortest_period_min", "share_equal_to_text_mean"} <= set(continuations)
+    assert len(continuations["periods"]) == train.SMOKE.prompts
+    assert report["text"]["fingerprint"] == meta["text"]["fingerprint"]
     assert report["drafter_weak"]["goal"] == train.WEAK_GOAL and report["drafter_mid"]["goal"] == train.MID_GOAL
+    assert report["drafter_weaker"]["goal"] == train.WEAKER_GOAL < train.WEAK_BAND[0]
     table = json.loads((tmp_path / "acceptance.json").read_text())
-    for kind in ("real", "weak", "mid"):
+    for kind in ("real", "weak", "weaker", "mid"):
+        assert set(table[kind]["acceptance_every_start"]) == set(table[kind]["acceptance"])
         acceptance = table[kind]["acceptance"]
         assert set(acceptance) == {shape.name for shape in train.TREE_SHAPES}
         assert all(1.0 <= a <= tinymodel.BLOCK_SIZE for a in acceptance.values())
@@ -139,11 +189,14 @@ def test_smoke_training_writes_both_pairs_and_their_acceptance(tmp_path):
         assert set(table[kind]["rank_histogram"]) == {str(d) for d in range(1, tinymodel.BLOCK_SIZE)}
 
 
-def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(tmp_path, capsys):
-    train.make_pair(tmp_path, 0, time_budget=1.0, device=torch.device("cpu"), knobs=train.SMOKE)
+def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(smoke_pair, text_root, tmp_path,
+                                                                             capsys):
+    tmp_path = tmp_path / "pair"
+    shutil.copytree(smoke_pair, tmp_path)
     target_before = (tmp_path / "target" / "model.safetensors").read_bytes()
     mid_before = (tmp_path / "drafter-mid" / "model.safetensors").read_bytes()
-    args = ["--out", str(tmp_path), "--add-drafter", "mid", "--device", "cpu", "--smoke", "--time-budget", "1"]
+    args = ["--out", str(tmp_path), "--add-drafter", "mid", "--device", "cpu", "--smoke", "--time-budget", "1",
+            "--text-root", str(text_root)]
     # Earlier results were measured with the drafter there: kept unless --replace.
     assert train.main(args) == 2
     assert "drafter-mid exists" in capsys.readouterr().err
@@ -169,13 +222,6 @@ def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(tm
     assert not list(tmp_path.glob("*.tmp"))
 
 
-@pytest.fixture(scope="module")
-def smoke_pair(tmp_path_factory):
-    out = tmp_path_factory.mktemp("pair")
-    train.make_pair(out, 0, time_budget=1.0, device=torch.device("cpu"), knobs=train.SMOKE)
-    return out
-
-
 def _widened(folder):
     config = json.loads((folder / "target" / "config.json").read_text())
     (folder / "target" / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=48)))
@@ -184,21 +230,27 @@ def _widened(folder):
 @pytest.mark.parametrize("spoil, said", [
     (lambda f: shutil.rmtree(f / "target"), "not a model folder"),
     (_widened, "(a widened one?)"),
-    (lambda f: (f / "prompts.json").write_text(json.dumps({"seed": 0, "prompts": []})), "prompts.json: expected"),
-    (lambda f: (f / "prompts.json").write_text(json.dumps({"seed": 0, "prompts": [{"input_ids": [5, 99999]}]})),
+    (lambda f: (f / "prompts.json").write_text(json.dumps({"seed": 0, "text": {"fingerprint": "x"}, "prompts": []})),
+     "prompts.json: expected"),
+    (lambda f: (f / "prompts.json").write_text(json.dumps({"seed": 0, "text": {"fingerprint": "x"},
+                                                           "prompts": [{"input_ids": [5, 99999]}]})),
      "token ids in 0..2047"),
+    (lambda f: (f / "prompts.json").write_text(json.dumps({"seed": 0, "prompts": [{"input_ids": [5]}]})),
+     "not a model folder"),
     (lambda f: (f / "train_report.json").write_text("[]"), "train_report.json: not a JSON object"),
     (lambda f: (f / "acceptance.json").write_text('{"real": '), "not a model folder"),
     (lambda f: (f / "target" / "tokenizer.json").write_text("{"), "tokenizer.json"),
     (lambda f: shutil.copyfile(f / "drafter" / "model.safetensors", f / "target" / "model.safetensors"),
      "not the tiny target's weights"),
 ])
-def test_add_drafter_refuses_a_folder_it_cannot_use_before_training(smoke_pair, tmp_path, capsys, spoil, said):
+def test_add_drafter_refuses_a_folder_it_cannot_use_before_training(smoke_pair, text_root, tmp_path, capsys, spoil,
+                                                                    said):
     folder = tmp_path / "pair"
     shutil.copytree(smoke_pair, folder)
     spoil(folder)
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-    assert train.main(["--out", str(folder), "--add-drafter", "mid", "--device", "cpu", "--replace"]) == 2
+    assert train.main(["--out", str(folder), "--add-drafter", "mid", "--device", "cpu", "--replace",
+                       "--text-root", str(text_root)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("train: error: ") and said in err and len(err.splitlines()) == 1, err
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before

@@ -4,6 +4,7 @@ and the report, speed runs, and servers kept for (and reused by) a later run."""
 
 import datetime
 import json
+import re
 import os
 import socket
 import subprocess
@@ -181,7 +182,13 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
         assert c["repeat_started"] == sorted(c["repeat_started"]) and c["repeat_started"][0] > 1e9
         busy, steal = c["repeat_cpu_busy"], c["repeat_cpu_steal"]
         assert len(busy) == len(steal) == 3 and all(0 < b <= 1 and 0 <= t <= 1 for b, t in zip(busy, steal)), c
-        assert c["requests_per_repeat"] % 8 == 0, "whole cycles of the 8 prompts, for every server"
+        concurrency = int(cell.rsplit("c", 1)[1])
+        assert c["requests_per_repeat"] % concurrency == 0, "whole waves"
+        same_cell = [o["requests_per_repeat"] for (_, other), o in cells.items() if other == cell]
+        assert same_cell == [c["requests_per_repeat"]] * 3, "every server of a round serves the same prompts"
+        latency = c["latency"]
+        assert latency["requests"] == max(2, concurrency) and latency["errors"] == 0
+        assert latency["ttft_ms"]["p50"] > 0 and latency["itl_ms"]["p99"] >= latency["itl_ms"]["p50"] > 0, latency
         if cell.startswith("greedy"):
             expected = "exact" if server == "ar" else "lossless (ties only)"
             assert c["verdict"] == expected and (server == "ar" or c["divergences"][0]["position"] == 5)
@@ -191,6 +198,7 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
     assert cells[("ar", "greedy-c1")]["accept_length"] is None
     table = (tmp_path / "out" / "speed-runs.md").read_text()
     assert "| ddtree-b8-k4-weak |" in table and "xdflash" in table
+    assert re.search(r"\| ddtree-b8-k4-weak \| \d\.\d\d \[\d\.\d\d-\d\.\d\d\] \|", table), "ratios carry intervals"
     weak_log = (tmp_path / "work" / "logs" / "ddtree-b8-k4-weak.log").read_text()
     assert "/m/drafter-weak" not in weak_log and "drafter-weak" in weak_log and "--sleep-on-idle" in weak_log
 

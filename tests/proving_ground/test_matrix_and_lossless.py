@@ -98,12 +98,30 @@ def test_acceptance_and_gap_stats():
     assert stats["min"] == pytest.approx(1.0) and stats["count"] == 3
 
 
+BOX_RUNS = [f"{box}-{part}" for box in ("pcie-ep8", "nvlink-tp8-nvls") for part in "abcd"]
+
+
+def test_an_emulated_box_table_is_one_server_set_over_chained_runs_with_an_aa_pair():
+    spec = matrix.load(MATRIX)
+    for box in ("pcie-ep8", "nvlink-tp8-nvls"):
+        runs = [f"{box}-{part}" for part in "abcd"]
+        servers = {tuple(spec["runs"][run]) for run in runs}
+        assert len(servers) == 1, "each call reuses the servers the previous one kept"
+        names = servers.pop()
+        assert {"ar", "dflash-weak", "dflash-weak-twin"} <= set(names)
+        assert runs[0] not in spec["speed_runs"] and spec["run_cells"][runs[0]] == [], "the first call starts them"
+        cells = [c for run in runs[1:] for c in spec["speed"]["run_cells"][run]]
+        assert sorted(cells) == sorted(["greedy-c1", "greedy-c4", "greedy-c16", "greedy-c64", "greedy-c128",
+                                        "sample-c16"])
+        assert {spec["run_settings"][run]["prompts"] for run in runs} == {64}
+
+
 def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     spec = matrix.load(MATRIX)
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
                                        "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa",
-                                       "wide-speed-costed"}
+                                       "wide-speed-costed"} | {r for r in BOX_RUNS if not r.endswith("-a")}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
                         ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid"),
@@ -121,7 +139,7 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     mid = {matrix.parse_server(n, {"tunedmid": "1:8/4"}).drafter for n in runs["wide-speed-mid"] if n != "ar"}
     assert mid == {"mid"}
     cells = spec["speed"]["cells"]
-    assert {c["concurrency"] for c in cells.values()} == {1, 4, 16, 64}
+    assert {c["concurrency"] for c in cells.values()} == {1, 4, 16, 64, 128}
     assert spec["speed"]["repeats"] >= 5 and spec["speed"]["min_seconds"] >= 3.0
     assert speed.SpeedSpec.from_matrix(spec, "chain-aa").repeats == 9
     assert speed.SpeedSpec.from_matrix(spec, "wide-speed-mid").repeats == spec["speed"]["repeats"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proving_ground import tuning
+from proving_ground import speed, tuning
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-01-wide-weak-schedule-bench-costs"
 TUNE, SPEED = RESULTS / "wide-tune" / "tune.json", RESULTS / "wide-speed" / "e2e-runwide-speed.json"
@@ -156,12 +156,12 @@ def _repeats(*tables: list[float]) -> dict:
 
 def test_a_ratio_interval_holds_one_for_a_table_against_itself_and_not_for_a_clear_gap():
     same = _repeats([380, 350, 410, 395, 360])
-    assert tuning.ratio_interval(same, same) == [1.0, 1.0], "the same rounds drawn for both"
-    low, high = tuning.ratio_interval(same, _repeats([360, 395, 350, 410, 380]))
+    assert speed.ratio_interval(same, same) == [1.0, 1.0], "the same rounds drawn for both"
+    low, high = speed.ratio_interval(same, _repeats([360, 395, 350, 410, 380]))
     assert low < 1 < high
-    assert tuning.ratio_interval(_repeats([200] * 5, [210] * 5), _repeats([100] * 5, [105] * 5)) == [2.0, 2.0]
-    assert tuning.ratio_interval(same, {"table_repeats": None}) is None
-    assert tuning.ratio_interval(same, _repeats([300, 320, 310, 330, 305])) == tuning.ratio_interval(
+    assert speed.ratio_interval(_repeats([200] * 5, [210] * 5), _repeats([100] * 5, [105] * 5)) == [2.0, 2.0]
+    assert speed.ratio_interval(same, {"table_repeats": None}) is None
+    assert speed.ratio_interval(same, _repeats([300, 320, 310, 330, 305])) == speed.ratio_interval(
         same, _repeats([300, 320, 310, 330, 305])), "seeded"
 
 
@@ -189,7 +189,7 @@ def test_session_8s_pooled_tables_carry_intervals_and_the_committed_check_is_wha
     ([[380, 390, 400]], [[300, 310, 320], [300, 310, 320]]),  # not the same tables
 ])
 def test_a_ratio_interval_is_none_where_the_repeats_cannot_be_paired_by_round(top, bottom):
-    assert tuning.ratio_interval(_repeats(*top), _repeats(*bottom)) is None
+    assert speed.ratio_interval(_repeats(*top), _repeats(*bottom)) is None
 
 
 def _rated(server: str, rates: list[float], c: int = 1, errors: int = 0) -> dict:
