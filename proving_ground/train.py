@@ -77,6 +77,10 @@ TREE_SHAPES = [CHAIN, TreeShape(7, 1, True)] + [
 SEQ_LEN = 512
 EVAL_NEW_TOKENS = 96
 EVAL_PROMPTS = 8  # the served prompts the training's stop checks look at
+GREEDY_BATCH = 512
+# Text this close before a prompt leads the target into that prompt's context: no distilled
+# sequence starts there.
+DISTILL_MARGIN = 64
 
 
 @dataclass(frozen=True)
@@ -96,11 +100,12 @@ class Knobs:
     seq_len: int = SEQ_LEN
     prompts: int = corpus.PROMPTS
     served: int = corpus.SERVED
+    distill: int = 1024  # the target's own continuations the drafters train on
 
 
 SMOKE = Knobs(target_batch=2, draft_batch=2, draft_blocks=2, target_eval_every=2, target_min_steps=2,
               draft_eval_every=2, draft_min_steps=2, weak_eval_every=2, eval_new_tokens=12, report_new_tokens=12,
-              corpus_bytes=60_000, seq_len=64, prompts=8, served=4)
+              corpus_bytes=60_000, seq_len=64, prompts=8, served=4, distill=8)
 
 
 def amp(device: torch.device):
@@ -119,6 +124,9 @@ def encode_corpus(tok, lines: list[str]) -> torch.Tensor:
 
 
 def sample_windows(data: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """[batch, length + 1] windows of a token stream [n], or [batch, L] rows of sequences [N, L]."""
+    if data.dim() == 2:
+        return data[torch.randint(0, data.shape[0], (batch,), generator=gen)]
     starts = torch.randint(0, data.numel() - length - 1, (batch,), generator=gen)
     return torch.stack([data[s:s + length + 1] for s in starts.tolist()])
 
@@ -133,15 +141,17 @@ def greedy_continuations(target, prompts: list[list[int]], new_tokens: int, devi
     for i, prompt in enumerate(prompts):
         by_length.setdefault(len(prompt), []).append(i)
     for members in by_length.values():
-        ids = torch.tensor([prompts[i] for i in members], device=device)
-        for _ in range(new_tokens):
-            with amp(device):
-                logits, _ = target(ids)
-            top2 = logits[:, -1].float().log_softmax(-1).topk(2)
-            gaps += (top2.values[:, 0] - top2.values[:, 1]).tolist()
-            ids = torch.cat((ids, top2.indices[:, :1]), dim=1)
-        for i, row in zip(members, ids.tolist()):
-            seqs[i] = row
+        for chunk in range(0, len(members), GREEDY_BATCH):
+            rows = members[chunk:chunk + GREEDY_BATCH]
+            ids = torch.tensor([prompts[i] for i in rows], device=device)
+            for _ in range(new_tokens):
+                with amp(device):
+                    logits, _ = target(ids)
+                top2 = logits[:, -1].float().log_softmax(-1).topk(2)
+                gaps += (top2.values[:, 0] - top2.values[:, 1]).tolist()
+                ids = torch.cat((ids, top2.indices[:, :1]), dim=1)
+            for i, row in zip(rows, ids.tolist()):
+                seqs[i] = row
     return seqs, gaps
 
 
@@ -374,7 +384,8 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     prompt_lens = [len(p) for p in served]
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
     seed = int(meta["seed"])
-    drafter, info = goal_drafter(name, seed, target, data, device, t0 + time_budget, greedy, prompt_lens, knobs)
+    distilled = distill_set(target, data, [int(p["text_offset"]) for p in meta["prompts"]], seed, knobs, device)
+    drafter, info = goal_drafter(name, seed, target, distilled, device, t0 + time_budget, greedy, prompt_lens, knobs)
     info.update(seconds=round(time.time() - t0, 1), device=device_name(device), torch=torch.__version__)
     log(f"{name} drafter done: {info}")
     reports["acceptance.json"][name] = drafter_report(target, drafter, greedy, prompt_lens)
@@ -402,6 +413,80 @@ def continuation_report(greedy: list[list[int]], prompts: list[list[int]], offse
             "p10_gap": gaps_sorted[len(gaps) // 10], "min_gap": gaps_sorted[0]}
 
 
+def distill_set(target, data: torch.Tensor, offsets: list[int], seed: int, knobs: Knobs, device) -> torch.Tensor:
+    """[knobs.distill, PROMPT_TOKENS + report_new_tokens] on `device`: the target's greedy
+    continuations of text windows that start neither inside a prompt's span (its prompt and the
+    text its continuation stands for) nor DISTILL_MARGIN tokens before it. Drafters learn the
+    target's own outputs, as real DFlash drafters do, and never a prompt's context."""
+    span = corpus.PROMPT_TOKENS + knobs.report_new_tokens
+    banned = torch.zeros(data.numel(), dtype=torch.bool)
+    for o in offsets:
+        banned[max(0, o - DISTILL_MARGIN):o + span] = True
+    allowed = (~banned[:data.numel() - corpus.PROMPT_TOKENS]).nonzero().squeeze(1)
+    if allowed.numel() == 0:
+        raise UserError("no text is left outside the prompts' spans to distil the drafters on")
+    gen = torch.Generator().manual_seed(seed + 11)
+    starts = allowed[torch.randint(0, allowed.numel(), (knobs.distill,), generator=gen)].tolist()
+    seqs, _ = greedy_continuations(target, [data[s:s + corpus.PROMPT_TOKENS].tolist() for s in starts],
+                                   knobs.report_new_tokens, device)
+    return torch.tensor(seqs, device=device)
+
+
+def make_drafters(target, tok, data: torch.Tensor, offsets: list[int], served: list[list[int]], seed: int,
+                  t0: float, time_budget: float, share: tuple[float, float], device, knobs: Knobs) -> tuple[dict, dict]:
+    """Every drafter (real, then each goal drafter) trained on the target's own continuations,
+    inside [share[0], share[1]] of the budget: (drafters {name: (module, config)}, their reports)."""
+    start, end = share
+    distilled = distill_set(target, data, offsets, seed, knobs, device)
+    log(f"distilled {tuple(distilled.shape)} sequences, {time.time() - t0:.1f}s")
+    greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
+    prompt_lens = [len(p) for p in served]
+    common = (target, distilled, device)
+    # The real drafter's time is up at the middle of the share; each goal drafter stops at its
+    # goal or at the end of its part of the rest.
+    middle = start + (end - start) * 0.5
+    drafter, info = trained_drafter(tinymodel.DRAFT_CONFIG, seed + 1, *common, t0 + time_budget * middle,
+                                    greedy, prompt_lens, knobs)
+    reports = {"drafter": dict(info, seconds=round(time.time() - t0, 1), distilled=list(distilled.shape))}
+    log(f"drafter done: {reports['drafter']}")
+    drafters = {"real": (drafter, tinymodel.DRAFT_CONFIG)}
+    for i, name in enumerate(GOAL_DRAFTERS, 1):
+        trained, info = goal_drafter(name, seed, *common,
+                                     t0 + time_budget * (middle + (end - middle) * i / len(GOAL_DRAFTERS)),
+                                     greedy, prompt_lens, knobs)
+        reports[f"drafter_{name}"] = dict(info, seconds=round(time.time() - t0, 1))
+        log(f"{name} drafter done: {reports[f'drafter_{name}']}")
+        drafters[name] = (trained, GOAL_DRAFTERS[name].config)
+    acceptance = {name: drafter_report(target, d, greedy, prompt_lens) for name, (d, _) in drafters.items()}
+    return drafters, {"reports": reports, "acceptance": acceptance}
+
+
+def save_drafters(out: Path, drafters: dict, tok, acceptance: dict, knobs: Knobs) -> None:
+    for name, (d, config) in drafters.items():
+        save_drafter(d, config, tok, out / DRAFTER_DIRS[name])
+    atomic.write_text(out / "acceptance.json", json.dumps(
+        {"note": ACCEPTANCE_NOTE.format(prompts=knobs.served, tokens=knobs.report_new_tokens), **acceptance},
+        indent=1) + "\n")
+
+
+def redraft(out: Path, time_budget: float, device: torch.device, text_root: Path, knobs: Knobs = Knobs()) -> dict:
+    """Train every drafter anew against the target already in `out`, replacing them and their reports."""
+    t0 = time.time()
+    target, tok, meta, prompts, reports = load_pair(out, device)
+    lines = corpus.corpus_lines(text_root, knobs.corpus_bytes)
+    if corpus.fingerprint(lines) != meta["text"]["fingerprint"]:
+        raise UserError(f"{text_root}: not the text {out} was trained on (its fingerprint differs)")
+    data = encode_corpus(tok, lines)
+    offsets = [int(p["text_offset"]) for p in meta["prompts"]]
+    drafters, made = make_drafters(target, tok, data, offsets, prompts[:int(meta["served"])], int(meta["seed"]), t0,
+                                   time_budget, (0.0, 1.0), device, knobs)
+    report = reports["train_report.json"]
+    report = {k: v for k, v in report.items() if not k.startswith("drafter")} | made["reports"]
+    save_drafters(out, drafters, tok, made["acceptance"], knobs)
+    atomic.write_text(out / "train_report.json", json.dumps(report, indent=1) + "\n")
+    return report
+
+
 def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, text_root: Path,
               knobs: Knobs = Knobs()) -> dict:
     t0 = time.time()
@@ -427,35 +512,16 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, te
                        seconds=round(time.time() - t0, 1))
     log(f"target done: {dict(target_info, continuations={k: v for k, v in target_info['continuations'].items() if k != 'periods'})}")
 
-    greedy = greedy[:knobs.served]
-    prompt_lens = [len(p) for p in served]
-    common = (target, data, device)
-    drafter, draft_info = trained_drafter(tinymodel.DRAFT_CONFIG, seed + 1, *common, t0 + time_budget * 0.7,
-                                          greedy, prompt_lens, knobs)
-    draft_info["seconds"] = round(time.time() - t0, 1)
-    log(f"drafter done: {draft_info}")
-    report = {"seed": seed, "text": text, "target": target_info, "drafter": draft_info}
-    # The real drafter's time is up at 0.7 of the budget; each goal drafter stops at its goal or at
-    # the end of its share of the rest.
-    drafters = {"real": (drafter, tinymodel.DRAFT_CONFIG)}
-    for i, name in enumerate(GOAL_DRAFTERS, 1):
-        trained, info = goal_drafter(name, seed, *common, t0 + time_budget * (0.7 + 0.3 * i / len(GOAL_DRAFTERS)),
-                                     greedy, prompt_lens, knobs)
-        report[f"drafter_{name}"] = dict(info, seconds=round(time.time() - t0, 1))
-        log(f"{name} drafter done: {report[f'drafter_{name}']}")
-        drafters[name] = (trained, GOAL_DRAFTERS[name].config)
-    acceptance = {name: drafter_report(target, d, greedy, prompt_lens) for name, (d, _) in drafters.items()}
+    drafters, made = make_drafters(target, tok, data, offsets, served, seed, t0, time_budget, (0.45, 1.0), device,
+                                   knobs)
+    report = {"seed": seed, "text": text, "target": target_info, **made["reports"]}
 
     tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
     tokenizer.save_tokenizer(tok, out / "target", tinymodel.MAX_POSITIONS)
-    for name, (d, config) in drafters.items():
-        save_drafter(d, config, tok, out / DRAFTER_DIRS[name])
+    save_drafters(out, drafters, tok, made["acceptance"], knobs)
     atomic.write_text(out / "prompts.json", json.dumps(
         {"seed": seed, "text": text, "served": knobs.served,
          "prompts": [{"text": tok.decode(ids), "input_ids": ids, "text_offset": o} for ids, o in zip(prompts, offsets)]},
-        indent=1) + "\n")
-    atomic.write_text(out / "acceptance.json", json.dumps(
-        {"note": ACCEPTANCE_NOTE.format(prompts=knobs.served, tokens=knobs.report_new_tokens), **acceptance},
         indent=1) + "\n")
     report.update(torch=torch.__version__, device=device_name(device))
     atomic.write_text(out / "train_report.json", json.dumps(report, indent=1) + "\n")
@@ -474,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the code path, not the model")
     parser.add_argument("--add-drafter", choices=sorted(GOAL_DRAFTERS),
                         help="train only this goal drafter against the target already in --out, and add it there")
+    parser.add_argument("--redraft", action="store_true",
+                        help="train every drafter anew against the target already in --out, replacing them")
     parser.add_argument("--replace", action="store_true",
                         help="with --add-drafter: train it even where --out already has a drafter of that name")
     args = parser.parse_args(argv)
@@ -485,7 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     knobs = SMOKE if args.smoke else Knobs()
     try:
         root = args.text_root or corpus.package_root()
-        if args.add_drafter:
+        if args.redraft:
+            redraft(args.out, args.time_budget, device, root, knobs)
+        elif args.add_drafter:
             add_drafter(args.out, args.add_drafter, args.time_budget, device, root, knobs, args.replace)
         else:
             make_pair(args.out, args.seed, args.time_budget, device, root, knobs)

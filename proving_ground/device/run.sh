@@ -14,6 +14,7 @@
 # model.tar.xz when it trained.
 # K26_WIDE=1 serves the widened target instead (the pair's target widened here, K26_WIDEN_ARGS).
 # K26_BOX=NAME serves the K2.6 cost emulator of box NAME (proving_ground/emulator/boxes/NAME.json).
+# K26_REDRAFT=1 trains every drafter anew against the carried target first (model.tar.xz back).
 set -uo pipefail
 RUN=${1:?usage: bash proving_ground/device/run.sh RUN}
 OUT=${OUT:-$PWD/gpu-out}
@@ -65,6 +66,13 @@ else
   python3 -m proving_ground.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-120}" || exit 1
   tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
   echo trained > "$K/models/.k26-model"
+fi
+if [ "${K26_REDRAFT:-0}" = 1 ] && [ "$(cat "$K/models/.k26-model")" != "$MODEL_SHA redrafted" ]; then
+  # Every drafter trained anew against the pair's target (train --redraft); the archive comes back.
+  step "redraft: every drafter trained anew against the carried target"
+  python3 -m proving_ground.train --out "$K/models" --redraft --time-budget "${K26_TRAIN_BUDGET:-150}" || exit 1
+  tar -C "$K/models" --exclude=.k26-model -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
+  echo "$MODEL_SHA redrafted" > "$K/models/.k26-model"
 fi
 if [ -z "$CHECK_PID" ] && [ "${K26_GRAPH_CHECK:-0}" = 1 ]; then
   # Asked for beside a run that does not train: checked while the servers start, reported at the end.

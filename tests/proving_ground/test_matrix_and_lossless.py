@@ -98,13 +98,13 @@ def test_acceptance_and_gap_stats():
     assert stats["min"] == pytest.approx(1.0) and stats["count"] == 3
 
 
-BOX_RUNS = [f"{box}-{part}" for box in ("pcie-ep8", "nvlink-tp8-nvls") for part in "abcd"]
+BOX_RUNS = [f"{box}-{part}" for box in ("pcie-ep8", "nvlink-tp8-nvls") for part in "abcde"]
 
 
 def test_an_emulated_box_table_is_one_server_set_over_chained_runs_with_an_aa_pair():
     spec = matrix.load(MATRIX)
     for box in ("pcie-ep8", "nvlink-tp8-nvls"):
-        runs = [f"{box}-{part}" for part in "abcd"]
+        runs = [f"{box}-{part}" for part in "abcde"]
         servers = {tuple(spec["runs"][run]) for run in runs}
         assert len(servers) == 1, "each call reuses the servers the previous one kept"
         names = servers.pop()
