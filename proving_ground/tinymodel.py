@@ -308,12 +308,6 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c["hidden_size"])
         self.mlp = MLP(c["hidden_size"], c["intermediate_size"])
 
-# The imperfect drafter: half the capacity (one layer, half the MLP), and train.py stops its
-# training as soon as linear DFlash accepts about 3.75 of 8, where K2.5/K2.6 DFlash drafters
-# sit on real text (3.7-5.5).
-WEAK_DRAFT_CONFIG = dict(DRAFT_CONFIG, num_hidden_layers=1, intermediate_size=256)
-
-
 class TinyDFlashDrafter(nn.Module):
     """forward(block_embeds, ctx_features, ...) -> final-normed hidden states of the block.
 

@@ -4,20 +4,23 @@
 
     python -m proving_ground.train --out DIR --add-drafter mid [--device cpu]
 
+    python -m proving_ground.train --out DIR --redraft [--time-budget 150]
+
 Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter, DIR/drafter-weak,
 DIR/drafter-weaker and DIR/drafter-mid (DFlashDraftModel), DIR/prompts.json (128 prompts as
 token ids: the first 64 served in tables, the rest traced for tune), DIR/train_report.json and
 DIR/acceptance.json. --add-drafter trains one goal drafter against the target already in DIR
 (on the CPU too) and adds it to both reports, so a carried model archive gains a drafter
 without a new target.
-The text is Python source (proving_ground.corpus). The target trains until the median
-top-1/top-2 log-prob gap along its greedy continuations passes GAP_GOAL nats (bf16 noise is
-~0.01): it then reproduces the text, and the report gives every continuation's shortest period
-and the share of it that is the text. The drafter ("real") then trains DFlash-style on the frozen
-target's features until its simulated acceptance stops improving: near perfect, for the lossless
-matrix. The goal drafters are the same recipe at half the capacity (tinymodel.WEAK_DRAFT_CONFIG),
-each stopped as soon as linear DFlash accepts its goal: "weak" where the field's K2.6 figures
-put a DFlash drafter on real text, "weaker" below it, "mid" above.
+The text is Python source (proving_ground.corpus). The target trains until its greedy
+continuations of the eval prompts are the text (MEMORIZED of the tokens) with a median
+top-1/top-2 log-prob gap over GAP_GOAL nats, or its share of the budget ends; the report gives
+every continuation's shortest period and the share of it that is the text. The drafter ("real")
+then trains DFlash-style on the frozen target's own continuations of text away from every prompt
+(distill_set) until its simulated acceptance stops improving. The goal drafters are that
+training's weights where linear DFlash first accepted their goal: "weak" where the field's K2.6
+figures put a DFlash drafter on real text, "weaker" below it, "mid" above. --redraft trains the
+drafters anew against a carried target.
 acceptance.json holds, for every drafter, the exact greedy acceptance of every tree shape along
 the served prompts' continuations, both along the walk a server takes and averaged over every
 starting point (proving_ground.acceptance), and the rank of the true token at each draft depth.
@@ -45,6 +48,10 @@ from proving_ground.acceptance import CHAIN, acceptance_table, every_start_table
 from proving_ground.matrix import DRAFTER_DIRS
 
 GAP_GOAL = 3.0
+# The target trains until its greedy continuations are the text: then they are as aperiodic as
+# the source, and a drafter can learn them.
+MEMORIZED = 0.95
+TARGET_SHARE = 0.6
 # Linear DFlash acceptance the field-like drafter stops at: the PCIe box's figures (linear 110
 # tok/s at the step cost of b8/k4's 150 at acceptance 4.9) imply about 3.6 for K2.6's drafter.
 # The report says whether it landed in the band.
@@ -58,16 +65,13 @@ MID_GOAL = 5.25
 
 @dataclass(frozen=True)
 class GoalDrafter:
-    """A drafter trained until linear DFlash first accepts `goal`: DIR/drafter-NAME."""
-    config: dict
+    """The drafter's weights where linear DFlash first accepted `goal`: DIR/drafter-NAME."""
     goal: float
-    seed_offset: int
-    band: tuple[float, float] | None = None  # where its final acceptance should land, if anywhere
+    band: tuple[float, float] | None = None  # where its acceptance on every served prompt should land
 
 
-GOAL_DRAFTERS = {"weak": GoalDrafter(tinymodel.WEAK_DRAFT_CONFIG, WEAK_GOAL, 2, WEAK_BAND),
-                 "weaker": GoalDrafter(tinymodel.WEAK_DRAFT_CONFIG, WEAKER_GOAL, 4, WEAKER_BAND),
-                 "mid": GoalDrafter(tinymodel.WEAK_DRAFT_CONFIG, MID_GOAL, 3)}
+GOAL_DRAFTERS = {"weaker": GoalDrafter(WEAKER_GOAL, WEAKER_BAND), "weak": GoalDrafter(WEAK_GOAL, WEAK_BAND),
+                 "mid": GoalDrafter(MID_GOAL)}
 RANKS_KEPT = 8
 # The speed configs and the acceptance grid of the proving ground (proving_ground/device/matrix.json).
 TREE_SHAPES = [CHAIN, TreeShape(7, 1, True)] + [
@@ -91,9 +95,9 @@ class Knobs:
     draft_blocks: int = 16
     target_eval_every: int = 200
     target_min_steps: int = 600
-    draft_eval_every: int = 250
+    draft_eval_every: int = 200
     draft_min_steps: int = 1000
-    weak_eval_every: int = 10
+    weak_eval_every: int = 20
     report_new_tokens: int = corpus.CONTINUATION_TOKENS
     eval_new_tokens: int = EVAL_NEW_TOKENS
     corpus_bytes: int = corpus.MAX_BYTES
@@ -162,7 +166,9 @@ def optimizer_step(opt, loss: torch.Tensor, model) -> None:
     opt.step()
 
 
-def train_target(target, data, device, seed: int, deadline: float, prompts, knobs: Knobs):
+def train_target(target, data, device, seed: int, deadline: float, prompts, texts, knobs: Knobs):
+    """Train until the target reproduces the text after its eval prompts (`texts`: what follows
+    each) in MEMORIZED of the tokens, with a median top-1/top-2 gap over GAP_GOAL, or the deadline."""
     opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
     step, gaps, loss = 0, [0.0], float("nan")
@@ -176,10 +182,12 @@ def train_target(target, data, device, seed: int, deadline: float, prompts, knob
         if step % knobs.target_eval_every == 0:
             loss = float(loss_t.detach())
             target.eval()
-            _, gaps = greedy_continuations(target, prompts[:EVAL_PROMPTS], min(32, knobs.eval_new_tokens), device)
+            seqs, gaps = greedy_continuations(target, prompts[:EVAL_PROMPTS], knobs.eval_new_tokens, device)
             target.train()
-            log(f"target step {step} loss {loss:.3f} median gap {statistics.median(gaps):.2f}")
-            if statistics.median(gaps) > GAP_GOAL and step >= knobs.target_min_steps:
+            same = statistics.mean(sum(a == b for a, b in zip(seq[len(p):], text)) / knobs.eval_new_tokens
+                                   for seq, p, text in zip(seqs, prompts, texts))
+            log(f"target step {step} loss {loss:.3f} median gap {statistics.median(gaps):.2f} same as text {same:.3f}")
+            if statistics.median(gaps) > GAP_GOAL and same >= MEMORIZED and step >= knobs.target_min_steps:
                 break
     return {"steps": step, "final_loss": loss}
 
@@ -250,61 +258,60 @@ def drafter_report(target, drafter, greedy_seqs, prompt_lens) -> dict:
 
 
 def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, prompt_lens, knobs: Knobs,
-                  goal: float | None = None):
-    """Train until simulated acceptance stops improving, or (goal) first reaches `goal`."""
+                  goals: dict[str, float], stop_at_goals: bool = False) -> tuple[dict, dict]:
+    """Train until simulated acceptance stops improving (or, stop_at_goals, every goal is reached),
+    keeping a copy of the weights where linear DFlash first accepts each goal: (report,
+    {goal name: (state_dict, step)}); a goal never reached is absent."""
     opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed + 7)
-    every = knobs.draft_eval_every if goal is None else knobs.weak_eval_every
     step, best, loss = 0, 0.0, float("nan")
+    snapshots: dict[str, tuple[dict, int]] = {}
     while time.time() < deadline:
         windows = sample_windows(data, knobs.draft_batch, knobs.seq_len, gen)[:, :-1].to(device)
         logits, labels = draft_batch(target, drafter, windows, knobs.draft_blocks, gen)
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         optimizer_step(opt, loss_t, drafter)
         step += 1
-        if step % every == 0:
+        if step % knobs.weak_eval_every == 0:
             loss = float(loss_t.detach())
             drafter.eval()
             acc = linear_acceptance(target, drafter, greedy_seqs[:EVAL_PROMPTS], prompt_lens[:EVAL_PROMPTS])
             drafter.train()
-            log(f"drafter step {step} loss {loss:.3f} simulated acceptance {acc:.2f}")
-            if goal is not None and acc >= goal:
-                break
-            if goal is None and acc <= best + 0.02 and step >= knobs.draft_min_steps:
-                break
-            best = max(best, acc)
-    return {"steps": step, "final_loss": loss}
+            for name, goal in goals.items():
+                if name not in snapshots and acc >= goal:
+                    snapshots[name] = ({k: v.detach().clone() for k, v in drafter.state_dict().items()}, step)
+                    log(f"drafter step {step}: accepts {acc:.2f}, the {name} drafter's goal {goal}")
+            if step % knobs.draft_eval_every == 0:
+                log(f"drafter step {step} loss {loss:.3f} simulated acceptance {acc:.2f}")
+                if stop_at_goals and len(snapshots) == len(goals):
+                    break
+                if not stop_at_goals and acc <= best + 0.02 and step >= knobs.draft_min_steps:
+                    break
+                best = max(best, acc)
+    return {"steps": step, "final_loss": loss}, snapshots
 
 
-def trained_drafter(config: dict, seed: int, target, data, device, deadline, greedy, prompt_lens, knobs: Knobs,
-                    goal: float | None = None):
-    """A drafter of `config`, trained; (drafter, report with its linear acceptance on all prompts)."""
+def new_drafter(config: dict, seed: int, device):
     drafter = tinymodel.TinyDFlashDrafter(config)
     tinymodel.init_weights(drafter, seed)
     tinymodel.out_proj_scale(drafter, config["num_hidden_layers"])
-    drafter.to(device).train()
-    info = train_drafter(target, drafter, data, device, seed, deadline, greedy, prompt_lens, knobs, goal)
-    drafter.eval()
-    info["simulated_accept_length"] = linear_acceptance(target, drafter, greedy, prompt_lens)
-    return drafter, info
+    return drafter.to(device)
 
 
-def goal_drafter(name: str, seed: int, target, data, device, deadline, greedy, prompt_lens, knobs: Knobs):
-    """GOAL_DRAFTERS[name], trained until linear DFlash first accepts its goal (or the deadline);
-    the report says whether it got there, and whether it landed in its band."""
+def goal_report(name: str, drafter, step: int | None, target, greedy, prompt_lens) -> dict:
+    """GOAL_DRAFTERS[name]'s report: its acceptance on every served prompt, whether the training
+    reached its goal (at which step) and whether it landed in its band."""
     spec = GOAL_DRAFTERS[name]
-    drafter, info = trained_drafter(spec.config, seed + spec.seed_offset, target, data, device, deadline, greedy,
-                                    prompt_lens, knobs, goal=spec.goal)
-    accepts = info["simulated_accept_length"]
-    info.update(goal=spec.goal, reached_goal=accepts >= spec.goal)
-    if not info["reached_goal"]:
-        log(f"WARNING: the {name} drafter accepts {accepts:.2f} at its deadline, short of its goal {spec.goal}")
+    accepts = linear_acceptance(target, drafter, greedy, prompt_lens)
+    info = {"simulated_accept_length": accepts, "goal": spec.goal, "reached_goal": step is not None, "step": step}
+    if step is None:
+        log(f"WARNING: the training never reached the {name} drafter's goal {spec.goal}: it is the last weights")
     if spec.band is not None:
         low, high = spec.band
         info.update(band=list(spec.band), in_band=low <= accepts <= high)
         if not info["in_band"]:
             log(f"WARNING: the {name} drafter accepts {accepts:.2f}, outside {spec.band}")
-    return drafter, info
+    return info
 
 
 def device_name(device: torch.device) -> str:
@@ -385,12 +392,18 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
     seed = int(meta["seed"])
     distilled = distill_set(target, data, [int(p["text_offset"]) for p in meta["prompts"]], seed, knobs, device)
-    drafter, info = goal_drafter(name, seed, target, distilled, device, t0 + time_budget, greedy, prompt_lens, knobs)
+    drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
+    info, snapshots = train_drafter(target, drafter, distilled, device, seed, t0 + time_budget, greedy, prompt_lens,
+                                    knobs, {name: GOAL_DRAFTERS[name].goal}, stop_at_goals=True)
+    state, step = snapshots.get(name, (drafter.state_dict(), None))
+    drafter.load_state_dict(state)
+    drafter.eval()
+    info.update(goal_report(name, drafter, step, target, greedy, prompt_lens))
     info.update(seconds=round(time.time() - t0, 1), device=device_name(device), torch=torch.__version__)
     log(f"{name} drafter done: {info}")
     reports["acceptance.json"][name] = drafter_report(target, drafter, greedy, prompt_lens)
     reports["train_report.json"][f"drafter_{name}"] = info
-    save_drafter(drafter, GOAL_DRAFTERS[name].config, tok, out / DRAFTER_DIRS[name])
+    save_drafter(drafter, tinymodel.DRAFT_CONFIG, tok, out / DRAFTER_DIRS[name])
     for file, doc in reports.items():
         atomic.write_text(out / file, json.dumps(doc, indent=1) + "\n")
     return info
@@ -433,30 +446,30 @@ def distill_set(target, data: torch.Tensor, offsets: list[int], seed: int, knobs
 
 
 def make_drafters(target, tok, data: torch.Tensor, offsets: list[int], served: list[list[int]], seed: int,
-                  t0: float, time_budget: float, share: tuple[float, float], device, knobs: Knobs) -> tuple[dict, dict]:
-    """Every drafter (real, then each goal drafter) trained on the target's own continuations,
-    inside [share[0], share[1]] of the budget: (drafters {name: (module, config)}, their reports)."""
-    start, end = share
+                  t0: float, time_budget: float, end: float, device, knobs: Knobs) -> tuple[dict, dict]:
+    """The drafter trained on the target's own continuations until `end` of the budget or until
+    its acceptance stops improving ("real"), and each goal drafter: its weights where that training
+    first reached the goal. (drafters {name: (module, config)}, their reports)."""
     distilled = distill_set(target, data, offsets, seed, knobs, device)
     log(f"distilled {tuple(distilled.shape)} sequences, {time.time() - t0:.1f}s")
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
     prompt_lens = [len(p) for p in served]
-    common = (target, distilled, device)
-    # The real drafter's time is up at the middle of the share; each goal drafter stops at its
-    # goal or at the end of its part of the rest.
-    middle = start + (end - start) * 0.5
-    drafter, info = trained_drafter(tinymodel.DRAFT_CONFIG, seed + 1, *common, t0 + time_budget * middle,
-                                    greedy, prompt_lens, knobs)
+    drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
+    info, snapshots = train_drafter(target, drafter, distilled, device, seed, t0 + time_budget * end, greedy,
+                                    prompt_lens, knobs, {name: spec.goal for name, spec in GOAL_DRAFTERS.items()})
+    drafter.eval()
+    info["simulated_accept_length"] = linear_acceptance(target, drafter, greedy, prompt_lens)
     reports = {"drafter": dict(info, seconds=round(time.time() - t0, 1), distilled=list(distilled.shape))}
     log(f"drafter done: {reports['drafter']}")
     drafters = {"real": (drafter, tinymodel.DRAFT_CONFIG)}
-    for i, name in enumerate(GOAL_DRAFTERS, 1):
-        trained, info = goal_drafter(name, seed, *common,
-                                     t0 + time_budget * (middle + (end - middle) * i / len(GOAL_DRAFTERS)),
-                                     greedy, prompt_lens, knobs)
-        reports[f"drafter_{name}"] = dict(info, seconds=round(time.time() - t0, 1))
-        log(f"{name} drafter done: {reports[f'drafter_{name}']}")
-        drafters[name] = (trained, GOAL_DRAFTERS[name].config)
+    for name in GOAL_DRAFTERS:
+        state, step = snapshots.get(name, (drafter.state_dict(), None))
+        goal_drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device)
+        goal_drafter.load_state_dict(state)
+        goal_drafter.eval()
+        reports[f"drafter_{name}"] = goal_report(name, goal_drafter, step, target, greedy, prompt_lens)
+        log(f"{name} drafter: {reports[f'drafter_{name}']}")
+        drafters[name] = (goal_drafter, tinymodel.DRAFT_CONFIG)
     acceptance = {name: drafter_report(target, d, greedy, prompt_lens) for name, (d, _) in drafters.items()}
     return drafters, {"reports": reports, "acceptance": acceptance}
 
@@ -479,7 +492,7 @@ def redraft(out: Path, time_budget: float, device: torch.device, text_root: Path
     data = encode_corpus(tok, lines)
     offsets = [int(p["text_offset"]) for p in meta["prompts"]]
     drafters, made = make_drafters(target, tok, data, offsets, prompts[:int(meta["served"])], int(meta["seed"]), t0,
-                                   time_budget, (0.0, 1.0), device, knobs)
+                                   time_budget, 1.0, device, knobs)
     report = reports["train_report.json"]
     report = {k: v for k, v in report.items() if not k.startswith("drafter")} | made["reports"]
     save_drafters(out, drafters, tok, made["acceptance"], knobs)
@@ -505,15 +518,15 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, te
     tinymodel.init_weights(target, seed)
     tinymodel.out_proj_scale(target, tinymodel.TARGET_CONFIG["num_hidden_layers"])
     target.to(device).train()
-    target_info = train_target(target, data, device, seed, t0 + time_budget * 0.45, served, knobs)
+    texts = [data[o + corpus.PROMPT_TOKENS:o + corpus.PROMPT_TOKENS + knobs.eval_new_tokens].tolist() for o in offsets]
+    target_info = train_target(target, data, device, seed, t0 + time_budget * TARGET_SHARE, served, texts, knobs)
     target.eval().requires_grad_(False)
     greedy, gaps = greedy_continuations(target, prompts, knobs.report_new_tokens, device)
     target_info.update(continuations=continuation_report(greedy, prompts, offsets, data, gaps), gap_goal=GAP_GOAL,
                        seconds=round(time.time() - t0, 1))
     log(f"target done: {dict(target_info, continuations={k: v for k, v in target_info['continuations'].items() if k != 'periods'})}")
 
-    drafters, made = make_drafters(target, tok, data, offsets, served, seed, t0, time_budget, (0.45, 1.0), device,
-                                   knobs)
+    drafters, made = make_drafters(target, tok, data, offsets, served, seed, t0, time_budget, 1.0, device, knobs)
     report = {"seed": seed, "text": text, "target": target_info, **made["reports"]}
 
     tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
