@@ -28,7 +28,7 @@ def test_shipped_profiles_load_and_differ_where_the_hardware_does():
     for p in (ep8, ep4, nvl):
         assert p.speculative == Speculative(algorithm="DDTREE", block_size=8, draft_window_size=2048,
                                             budget=8, topk=4, spine=True)
-        assert "1.17x DFLASH at C=1" in (PROFILES / f"{p.name}.yaml").read_text(), "each profile says why"
+        assert "pcie-ep8-emulated-step-costs" in (PROFILES / f"{p.name}.yaml").read_text(), "each profile says why"
         assert p.host == "127.0.0.1" and p.attention_backend == "triton"
         assert p.python == sys.executable, "python: null means the python running k26-deploy"
 

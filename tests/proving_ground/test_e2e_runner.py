@@ -543,3 +543,24 @@ def test_a_table_group_measures_its_costs_inside_the_speed_table(setup):
         assert max(t[1] for t in rounds) < stamp + 1 and stamp <= min(t[2] for t in rounds), (run, rounds)
     assert "tune weak-table costs in greedy-c4 dflash: exit 0" in done.stdout and "% stolen)" in done.stdout
     assert "tune weak-table: exit 2" in done.stdout
+
+
+@pytest.mark.parametrize("line, status", [("", "stopped"), ("1", "failed: serves the plain target")])
+def test_an_emulated_pair_is_served_through_the_emulator_package_and_checked_in_every_log(setup, line, status):
+    tmp_path, models, matrix = setup
+    (models / "target").mkdir()
+    (models / "target" / "config.json").write_text(json.dumps({"k26_emulator": {"box": "pcie-ep8"}}))
+    spec = json.loads(matrix.read_text())
+    spec["runs"]["emu"] = ["ar", "dflash"]
+    matrix.write_text(json.dumps(spec))
+    env = {"STANDIN_NO_EMULATOR_LINE": line, "SGLANG_EXTERNAL_MODEL_PACKAGE": "not.this.one"} if line else {}
+    done, report = run_e2e(tmp_path, models, matrix, env, run="emu")
+    assert report["emulated"] == {"box": "pcie-ep8"}
+    for server in report["servers"]:
+        assert server["status"].startswith(status), server
+    if line:
+        assert done.returncode != 0 and report["overall"].startswith("FAIL")
+    else:
+        assert done.returncode == 0, done.stdout[-2000:]
+        log = (tmp_path / "work" / "logs" / "ar.log").read_text()
+        assert "k26 emulator: box pcie-ep8" in log

@@ -121,7 +121,7 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
                                        "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa",
-                                       "wide-speed-costed"} | {r for r in BOX_RUNS if not r.endswith("-a")}
+                                       "wide-speed-costed", "pcie-ep8-steps"} | {r for r in BOX_RUNS if not r.endswith("-a")}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
                         ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid"),

@@ -1,5 +1,5 @@
 """tune's predictions against a measured speed table (proving_ground.tuning), on the files the
-proving ground committed: the cost-realistic target, tune run on the device."""
+proving ground committed: the widened target, tune run on the device."""
 
 from __future__ import annotations
 

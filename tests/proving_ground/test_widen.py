@@ -1,4 +1,4 @@
-"""The cost-realistic target (proving_ground.widen): the widened checkpoint computes the trained
+"""The widened target (proving_ground.widen): the widened checkpoint computes the trained
 target's logits (exactly up to summation order without jitter, within the jitter with it) while
 its routing spreads over every copy of the experts."""
 

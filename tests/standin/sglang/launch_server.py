@@ -34,6 +34,10 @@ Since the last /flush_cache, /server_info counts /generate calls streamed and no
 STANDIN_REASONING_PARSER=1 imitates --reasoning-parser: chat replies are split
 at the last </think> into reasoning_content and content (no </think>: all reasoning).
 
+An emulated target folder (config.json with a `k26_emulator` block) served with
+SGLANG_EXTERNAL_MODEL_PACKAGE set logs the emulator's load line, as the real model class
+does; STANDIN_NO_EMULATOR_LINE=1 leaves it out (a server that would serve the plain target).
+
 Failure modes for rollback tests: STANDIN_FAIL=start exits 1 after loading;
 STANDIN_FAIL=health serves but never becomes healthy. STANDIN_FAIL_BUDGET=N
 applies STANDIN_FAIL only when --speculative-ddtree-budget equals N.
@@ -339,6 +343,14 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256
 
 
+def _emulator_block(model_path) -> dict | None:
+    try:
+        with open(os.path.join(str(model_path), "config.json")) as f:
+            return json.load(f).get("k26_emulator")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, extra = parse_args(argv)
@@ -361,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", flush=True)
             return 1
+    emulated = _emulator_block(args.model_path)
+    if emulated is not None and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") and not os.environ.get(
+            "STANDIN_NO_EMULATOR_LINE"):
+        # What proving_ground/emulator/model.py logs when SGLang loads the emulated class.
+        print(f"k26 emulator: box {emulated.get('box')}", flush=True)
     print("Capture cuda graph end. Time elapsed: 1.50 s. mem usage=0.1 GB.", flush=True)
     state = State(args, extra, argv)
     state.never_healthy = fail == "health"
