@@ -337,8 +337,8 @@ ACCEPTANCE_NOTE = ("exact greedy acceptance (committed tokens per step) along th
 
 
 def load_pair(out: Path, device: torch.device):
-    """(target, tokenizer, prompts.json, prompt ids, {report file: its JSON}) of a folder make_pair
-    wrote; UserError if it is not one."""
+    """(target, tokenizer, {seed, served, fingerprint, offsets} from prompts.json, prompt ids,
+    {report file: its JSON}) of a folder make_pair wrote; UserError if it is not one."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
@@ -347,7 +347,9 @@ def load_pair(out: Path, device: torch.device):
         config = json.loads((out / "target" / "config.json").read_text())
         meta = json.loads((out / "prompts.json").read_text())
         prompts = [list(map(int, p["input_ids"])) for p in meta["prompts"]]
-        int(meta["seed"]), str(meta["text"]["fingerprint"])
+        pair = {"seed": int(meta["seed"]), "served": int(meta["served"]),
+                "fingerprint": str(meta["text"]["fingerprint"]),
+                "offsets": [int(p["text_offset"]) for p in meta["prompts"]]}
         reports = {name: json.loads((out / name).read_text()) for name in REPORTS}
         state = load_file(str(out / "target" / "model.safetensors"))
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as err:
@@ -370,7 +372,15 @@ def load_pair(out: Path, device: torch.device):
     except RuntimeError as err:  # missing, extra or misshapen tensors
         raise UserError(f"{out}/target/model.safetensors: not the tiny target's weights "
                         f"({str(err).splitlines()[0]})") from None
-    return target.to(device).eval().requires_grad_(False), tok, meta, prompts, reports
+    return target.to(device).eval().requires_grad_(False), tok, pair, prompts, reports
+
+
+def pair_text(out: Path, pair: dict, tok, text_root: Path, knobs: Knobs) -> torch.Tensor:
+    """The encoded text the pair in `out` was trained on; UserError if `text_root` holds another."""
+    lines = corpus.corpus_lines(text_root, knobs.corpus_bytes)
+    if corpus.fingerprint(lines) != pair["fingerprint"]:
+        raise UserError(f"{text_root}: not the text {out} was trained on (its fingerprint differs)")
+    return encode_corpus(tok, lines)
 
 
 def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, text_root: Path,
@@ -382,16 +392,13 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     if (out / DRAFTER_DIRS[name]).exists() and not replace:
         raise UserError(f"{out / DRAFTER_DIRS[name]} exists; earlier results were measured with it "
                         "(--replace trains a new one in its place)")
-    target, tok, meta, prompts, reports = load_pair(out, device)
-    lines = corpus.corpus_lines(text_root, knobs.corpus_bytes)
-    data = encode_corpus(tok, lines)
-    if corpus.fingerprint(lines) != meta["text"]["fingerprint"]:
-        raise UserError(f"{text_root}: not the text {out} was trained on (its fingerprint differs)")
-    served = prompts[:int(meta["served"])]
+    target, tok, pair, prompts, reports = load_pair(out, device)
+    data = pair_text(out, pair, tok, text_root, knobs)
+    served = prompts[:pair["served"]]
     prompt_lens = [len(p) for p in served]
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
-    seed = int(meta["seed"])
-    distilled = distill_set(target, data, [int(p["text_offset"]) for p in meta["prompts"]], seed, knobs, device)
+    seed = pair["seed"]
+    distilled = distill_set(target, data, pair["offsets"], seed, knobs, device)
     drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
     info, snapshots = train_drafter(target, drafter, distilled, device, seed, t0 + time_budget, greedy, prompt_lens,
                                     knobs, {name: GOAL_DRAFTERS[name].goal}, stop_at_goals=True)
@@ -445,21 +452,21 @@ def distill_set(target, data: torch.Tensor, offsets: list[int], seed: int, knobs
     return torch.tensor(seqs, device=device)
 
 
-def make_drafters(target, tok, data: torch.Tensor, offsets: list[int], served: list[list[int]], seed: int,
-                  t0: float, time_budget: float, end: float, device, knobs: Knobs) -> tuple[dict, dict]:
-    """The drafter trained on the target's own continuations until `end` of the budget or until
+def make_drafters(target, data: torch.Tensor, offsets: list[int], served: list[list[int]], seed: int,
+                  deadline: float, device, knobs: Knobs) -> tuple[dict, dict]:
+    """The drafter trained on the target's own continuations until the deadline or until
     its acceptance stops improving ("real"), and each goal drafter: its weights where that training
     first reached the goal. (drafters {name: (module, config)}, their reports)."""
     distilled = distill_set(target, data, offsets, seed, knobs, device)
-    log(f"distilled {tuple(distilled.shape)} sequences, {time.time() - t0:.1f}s")
+    log(f"distilled {tuple(distilled.shape)} sequences")
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
     prompt_lens = [len(p) for p in served]
     drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
-    info, snapshots = train_drafter(target, drafter, distilled, device, seed, t0 + time_budget * end, greedy,
+    info, snapshots = train_drafter(target, drafter, distilled, device, seed, deadline, greedy,
                                     prompt_lens, knobs, {name: spec.goal for name, spec in GOAL_DRAFTERS.items()})
     drafter.eval()
     info["simulated_accept_length"] = linear_acceptance(target, drafter, greedy, prompt_lens)
-    reports = {"drafter": dict(info, seconds=round(time.time() - t0, 1), distilled=list(distilled.shape))}
+    reports = {"drafter": dict(info, distilled=list(distilled.shape))}
     log(f"drafter done: {reports['drafter']}")
     drafters = {"real": (drafter, tinymodel.DRAFT_CONFIG)}
     for name in GOAL_DRAFTERS:
@@ -485,14 +492,10 @@ def save_drafters(out: Path, drafters: dict, tok, acceptance: dict, knobs: Knobs
 def redraft(out: Path, time_budget: float, device: torch.device, text_root: Path, knobs: Knobs = Knobs()) -> dict:
     """Train every drafter anew against the target already in `out`, replacing them and their reports."""
     t0 = time.time()
-    target, tok, meta, prompts, reports = load_pair(out, device)
-    lines = corpus.corpus_lines(text_root, knobs.corpus_bytes)
-    if corpus.fingerprint(lines) != meta["text"]["fingerprint"]:
-        raise UserError(f"{text_root}: not the text {out} was trained on (its fingerprint differs)")
-    data = encode_corpus(tok, lines)
-    offsets = [int(p["text_offset"]) for p in meta["prompts"]]
-    drafters, made = make_drafters(target, tok, data, offsets, prompts[:int(meta["served"])], int(meta["seed"]), t0,
-                                   time_budget, 1.0, device, knobs)
+    target, tok, pair, prompts, reports = load_pair(out, device)
+    data = pair_text(out, pair, tok, text_root, knobs)
+    drafters, made = make_drafters(target, data, pair["offsets"], prompts[:pair["served"]], pair["seed"],
+                                   t0 + time_budget, device, knobs)
     report = reports["train_report.json"]
     report = {k: v for k, v in report.items() if not k.startswith("drafter")} | made["reports"]
     save_drafters(out, drafters, tok, made["acceptance"], knobs)
@@ -526,7 +529,7 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, te
                        seconds=round(time.time() - t0, 1))
     log(f"target done: {dict(target_info, continuations={k: v for k, v in target_info['continuations'].items() if k != 'periods'})}")
 
-    drafters, made = make_drafters(target, tok, data, offsets, served, seed, t0, time_budget, 1.0, device, knobs)
+    drafters, made = make_drafters(target, data, offsets, served, seed, t0 + time_budget, device, knobs)
     report = {"seed": seed, "text": text, "target": target_info, **made["reports"]}
 
     tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
