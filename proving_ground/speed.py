@@ -138,7 +138,8 @@ class CellResult:
             "divergences": [d.as_dict() for d in self.divergences[:20]],
             "stopped_early": lossless.stops(self.divergences),
             "latency": self.latency,
-            "rounds_not_kept": [f"shorter than min_seconds; requests per repeat {g}" for g in self.regrown],
+            "rounds_not_kept": [f"shorter than min_seconds; requests per repeat {grown}"
+                                for grown in self.regrown],
             "note": self.note,
         }
 
