@@ -377,10 +377,11 @@ def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, de
             if s is None or s["median_tok_s"] is None:
                 continue
             stops = s.get("stopped_early") or {}
+            where = f" at {stops['positions']}" if stops.get("positions") else ""
             lines.append(f"| {name} | {s['median_tok_s']:.0f} ({s['min_tok_s']:.0f}-{s['max_tok_s']:.0f}) | "
                          f"{_ratio_text(s, by.get((baseline, cell)))} | "
                          f"{'' if s['accept_length'] is None else format(s['accept_length'], '.2f')} | "
                          f"{_ms(s.get('latency'), 'ttft_ms')} | {_ms(s.get('latency'), 'itl_ms')} | {s['verdict']} | "
-                         f"{stops.get('requests', 0)}{' at ' + str(stops['positions']) if stops.get('positions') else ''} |")
+                         f"{stops.get('requests', 0)}{where} |")
     lines.append("")
     return "\n".join(lines)
