@@ -214,3 +214,21 @@ def test_a_repeats_host_cpu_shares_come_from_the_difference_of_two_proc_stat_rea
     assert backwards == share
     now = speed.cpu_times()
     assert now is None or (len(now) == 8 and all(t >= 0 for t in now))
+
+
+def test_a_round_serves_every_server_the_same_whole_waves_long_enough_for_the_fastest():
+    assert speed.repeat_order(64, 5, 0) == [0, 1, 2, 3, 4]
+    assert speed.repeat_order(64, 5, 13) == [1, 2, 3, 4, 5], "cycling through the prompts, round by round"
+    # 150 tok/s at 128 tokens a request: 3 s needs 3.5 requests, 3.9 with the plan's margin: so 4.
+    count = speed.repeat_count(1, 150.0, 128, 3.0)
+    assert count * 128 / 150.0 >= 3.0 and count == 4
+    assert speed.repeat_count(16, 1500.0, 128, 3.0) % 16 == 0
+    assert speed.repeat_count(4, 0.0, 128, 3.0) == 4, "no rate measured: one wave"
+
+
+def test_a_ratio_interval_from_one_table_pairs_repeats_by_round():
+    dflash = {"repeat_tok_s": [100.0, 102.0, 98.0, 101.0, 99.0]}
+    assert speed.interval(dflash, dflash) == [1.0, 1.0]
+    low, high = speed.interval({"repeat_tok_s": [150.0, 153.0, 147.0, 151.5, 148.5]}, dflash)
+    assert low == pytest.approx(1.5) and high == pytest.approx(1.5)
+    assert speed.interval({"repeat_tok_s": [1.0, 2.0]}, {"repeat_tok_s": [1.0, 2.0]}) is None, "too few rounds"
