@@ -73,9 +73,9 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
     """The server a name stands for; `schedules` names the batch-size schedules (matrix "schedules")."""
     m = _NAME.match(name)
     if not m:
-        raise UserError(f"server name {name!r}: expected ar, dflash[-weak|-mid] or "
-                        "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|mid|oracle>[-spine], "
-                        "optionally with -tp2 or -tp2-ep2, then -eager")
+        raise UserError(f"server name {name!r}: expected ar, dflash[-weak|-weaker|-mid] or "
+                        "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|weaker|mid|oracle>[-spine], "
+                        "optionally with -tp2 or -tp2-ep2, then -eager, then -twin")
     shape = _variant(m)
     if name.startswith("ar"):
         return ServerSpec(name, "AR", **shape)

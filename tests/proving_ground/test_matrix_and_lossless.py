@@ -232,3 +232,13 @@ def test_a_ratio_interval_from_one_table_pairs_repeats_by_round():
     low, high = speed.interval({"repeat_tok_s": [150.0, 153.0, 147.0, 151.5, 148.5]}, dflash)
     assert low == pytest.approx(1.5) and high == pytest.approx(1.5)
     assert speed.interval({"repeat_tok_s": [1.0, 2.0]}, {"repeat_tok_s": [1.0, 2.0]}) is None, "too few rounds"
+
+
+def test_a_twin_is_a_second_server_of_the_same_config():
+    twin, one = matrix.parse_server("dflash-weak-twin"), matrix.parse_server("dflash-weak")
+    assert (twin.algo, twin.drafter, twin.eager) == (one.algo, one.drafter, one.eager) and twin.name != one.name
+    weaker = matrix.parse_server("ddtree-b8-k4-weaker-spine-eager-twin")
+    assert (weaker.drafter, weaker.spine, weaker.eager, weaker.budget) == ("weaker", True, True, 8)
+    assert matrix.DRAFTER_DIRS["weaker"] == "drafter-weaker"
+    with pytest.raises(UserError, match="then -twin"):
+        matrix.parse_server("dflash-twin-weak")
