@@ -95,9 +95,9 @@ class Knobs:
     draft_blocks: int = 16
     target_eval_every: int = 200
     target_min_steps: int = 600
-    draft_eval_every: int = 200
+    draft_eval_every: int = 20  # steps between acceptance checks (a goal drafter is taken at one)
+    draft_plateau_evals: int = 10  # checks between the plateau test and the log line
     draft_min_steps: int = 1000
-    weak_eval_every: int = 20
     report_new_tokens: int = corpus.CONTINUATION_TOKENS
     eval_new_tokens: int = EVAL_NEW_TOKENS
     corpus_bytes: int = corpus.MAX_BYTES
@@ -108,7 +108,7 @@ class Knobs:
 
 
 SMOKE = Knobs(target_batch=2, draft_batch=2, draft_blocks=2, target_eval_every=2, target_min_steps=2,
-              draft_eval_every=2, draft_min_steps=2, weak_eval_every=2, eval_new_tokens=12, report_new_tokens=12,
+              draft_eval_every=2, draft_plateau_evals=1, draft_min_steps=2, eval_new_tokens=12, report_new_tokens=12,
               corpus_bytes=60_000, seq_len=64, prompts=8, served=4, distill=8)
 
 
@@ -166,9 +166,20 @@ def optimizer_step(opt, loss: torch.Tensor, model) -> None:
     opt.step()
 
 
-def train_target(target, data, device, seed: int, deadline: float, prompts, texts, knobs: Knobs):
-    """Train until the target reproduces the text after its eval prompts (`texts`: what follows
-    each) in MEMORIZED of the tokens, with a median top-1/top-2 gap over GAP_GOAL, or the deadline."""
+def text_shares(greedy: list[list[int]], prompts: list[list[int]], offsets: list[int],
+                data: torch.Tensor) -> list[float]:
+    """Per prompt, the share of its greedy continuation that is the text after the prompt."""
+    shares = []
+    for seq, prompt, start in zip(greedy, prompts, offsets):
+        cont = seq[len(prompt):]
+        text = data[start + len(prompt):start + len(prompt) + len(cont)].tolist()
+        shares.append(sum(a == b for a, b in zip(cont, text)) / max(1, len(cont)))
+    return shares
+
+
+def train_target(target, data, device, seed: int, deadline: float, prompts, offsets, knobs: Knobs):
+    """Train until the target reproduces the text after its eval prompts (those at `offsets`) in
+    MEMORIZED of the tokens, with a median top-1/top-2 gap over GAP_GOAL, or the deadline."""
     opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
     step, gaps, loss = 0, [0.0], float("nan")
@@ -184,8 +195,7 @@ def train_target(target, data, device, seed: int, deadline: float, prompts, text
             target.eval()
             seqs, gaps = greedy_continuations(target, prompts[:EVAL_PROMPTS], knobs.eval_new_tokens, device)
             target.train()
-            same = statistics.mean(sum(a == b for a, b in zip(seq[len(p):], text)) / knobs.eval_new_tokens
-                                   for seq, p, text in zip(seqs, prompts, texts))
+            same = statistics.mean(text_shares(seqs, prompts, offsets, data))
             log(f"target step {step} loss {loss:.3f} median gap {statistics.median(gaps):.2f} same as text {same:.3f}")
             if statistics.median(gaps) > GAP_GOAL and same >= MEMORIZED and step >= knobs.target_min_steps:
                 break
@@ -272,7 +282,7 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         optimizer_step(opt, loss_t, drafter)
         step += 1
-        if step % knobs.weak_eval_every == 0:
+        if step % knobs.draft_eval_every == 0:
             loss = float(loss_t.detach())
             drafter.eval()
             acc = linear_acceptance(target, drafter, greedy_seqs[:EVAL_PROMPTS], prompt_lens[:EVAL_PROMPTS])
@@ -281,7 +291,7 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
                 if name not in snapshots and acc >= goal:
                     snapshots[name] = ({k: v.detach().clone() for k, v in drafter.state_dict().items()}, step)
                     log(f"drafter step {step}: accepts {acc:.2f}, the {name} drafter's goal {goal}")
-            if step % knobs.draft_eval_every == 0:
+            if step // knobs.draft_eval_every % knobs.draft_plateau_evals == 0:
                 log(f"drafter step {step} loss {loss:.3f} simulated acceptance {acc:.2f}")
                 if stop_at_goals and len(snapshots) == len(goals):
                     break
@@ -419,12 +429,8 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
 def continuation_report(greedy: list[list[int]], prompts: list[list[int]], offsets: list[int], data: torch.Tensor,
                         gaps: list[float]) -> dict:
     """Every continuation's shortest period and the share of it that is the text after its prompt."""
-    periods, same = [], []
-    for seq, prompt, start in zip(greedy, prompts, offsets):
-        cont = seq[len(prompt):]
-        periods.append(corpus.shortest_period(cont))
-        text = data[start + len(prompt):start + len(prompt) + len(cont)].tolist()
-        same.append(sum(a == b for a, b in zip(cont, text)) / max(1, len(cont)))
+    periods = [corpus.shortest_period(seq[len(prompt):]) for seq, prompt in zip(greedy, prompts)]
+    same = text_shares(greedy, prompts, offsets, data)
     gaps_sorted = sorted(gaps)
     return {"tokens": len(greedy[0]) - len(prompts[0]), "shortest_period_min": min(periods),
             "periods_under": {str(corpus.MIN_PERIOD): sum(p < corpus.MIN_PERIOD for p in periods)},
@@ -452,14 +458,14 @@ def distill_set(target, data: torch.Tensor, offsets: list[int], seed: int, knobs
     return torch.tensor(seqs, device=device)
 
 
-def make_drafters(target, data: torch.Tensor, offsets: list[int], served: list[list[int]], seed: int,
-                  deadline: float, device, knobs: Knobs) -> tuple[dict, dict]:
+def make_drafters(target, data: torch.Tensor, offsets: list[int], served: list[list[int]], greedy: list[list[int]],
+                  seed: int, deadline: float, device, knobs: Knobs) -> tuple[dict, dict]:
     """The drafter trained on the target's own continuations until the deadline or until
     its acceptance stops improving ("real"), and each goal drafter: its weights where that training
-    first reached the goal. (drafters {name: (module, config)}, their reports)."""
+    first reached the goal; greedy: the served prompts' continuations, which judge them.
+    (drafters {name: (module, config)}, their reports)."""
     distilled = distill_set(target, data, offsets, seed, knobs, device)
     log(f"distilled {tuple(distilled.shape)} sequences")
-    greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
     prompt_lens = [len(p) for p in served]
     drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
     info, snapshots = train_drafter(target, drafter, distilled, device, seed, deadline, greedy,
@@ -494,8 +500,10 @@ def redraft(out: Path, time_budget: float, device: torch.device, text_root: Path
     t0 = time.time()
     target, tok, pair, prompts, reports = load_pair(out, device)
     data = pair_text(out, pair, tok, text_root, knobs)
-    drafters, made = make_drafters(target, data, pair["offsets"], prompts[:pair["served"]], pair["seed"],
-                                   t0 + time_budget, device, knobs)
+    served = prompts[:pair["served"]]
+    greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
+    drafters, made = make_drafters(target, data, pair["offsets"], served, greedy, pair["seed"], t0 + time_budget,
+                                   device, knobs)
     report = reports["train_report.json"]
     report = {k: v for k, v in report.items() if not k.startswith("drafter")} | made["reports"]
     save_drafters(out, drafters, tok, made["acceptance"], knobs)
@@ -521,15 +529,15 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, te
     tinymodel.init_weights(target, seed)
     tinymodel.out_proj_scale(target, tinymodel.TARGET_CONFIG["num_hidden_layers"])
     target.to(device).train()
-    texts = [data[o + corpus.PROMPT_TOKENS:o + corpus.PROMPT_TOKENS + knobs.eval_new_tokens].tolist() for o in offsets]
-    target_info = train_target(target, data, device, seed, t0 + time_budget * TARGET_SHARE, served, texts, knobs)
+    target_info = train_target(target, data, device, seed, t0 + time_budget * TARGET_SHARE, served, offsets, knobs)
     target.eval().requires_grad_(False)
     greedy, gaps = greedy_continuations(target, prompts, knobs.report_new_tokens, device)
     target_info.update(continuations=continuation_report(greedy, prompts, offsets, data, gaps), gap_goal=GAP_GOAL,
                        seconds=round(time.time() - t0, 1))
     log(f"target done: {dict(target_info, continuations={k: v for k, v in target_info['continuations'].items() if k != 'periods'})}")
 
-    drafters, made = make_drafters(target, data, offsets, served, seed, t0 + time_budget, device, knobs)
+    drafters, made = make_drafters(target, data, offsets, served, greedy[:knobs.served], seed, t0 + time_budget,
+                                   device, knobs)
     report = {"seed": seed, "text": text, "target": target_info, **made["reports"]}
 
     tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, out / "target")
