@@ -44,7 +44,6 @@ class SpeedSpec:
     repeats: int
     min_seconds: float
     new_tokens: int
-    eps: float
 
     @classmethod
     def from_matrix(cls, spec: dict, run: str | None = None) -> SpeedSpec:
@@ -54,7 +53,7 @@ class SpeedSpec:
         names = speed.get("run_cells", {}).get(str(run))
         cells = speed["cells"] if names is None else {n: speed["cells"][n] for n in names}
         repeats = speed.get("run_repeats", {}).get(str(run), speed["repeats"])
-        return cls(cells, int(repeats), float(speed["min_seconds"]), int(spec["new_tokens"]), float(spec["eps"]))
+        return cls(cells, int(repeats), float(speed["min_seconds"]), int(spec["new_tokens"]))
 
 
 @dataclass(frozen=True)
@@ -264,7 +263,8 @@ def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: 
 AfterRound = Callable[[str, dict, int, int, float], None]
 
 
-def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None, send: Send,
+def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None,
+            rule: lossless.TieRule, send: Send,
             deadline: float, say: Callable[[str], None], after_round: AfterRound | None = None) -> list[dict]:
     """The summaries (CellResult.summary) of every cell of `spec` on every server (objects with
     .spec.name, .spec.speculative, .url), interleaved; rounds the deadline leaves no time
@@ -307,7 +307,7 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
                 if result.checked:
                     result.divergences += lossless.divergences(
                         ((index, reply.get("output_ids") or []) for index, reply in replies if "error" not in reply),
-                        reference, spec.eps)
+                        reference, rule)
             r += 1
             shortest = min(repeat.wall_s for _, repeat in done)
             if shortest < spec.min_seconds and not any(repeat.errors for _, repeat in done):
@@ -360,7 +360,8 @@ def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, de
     by = {(s["server"], s["cell"]): s for s in summaries}
     lines = [f"# Speed, run {run}", "",
              f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), {prompts} prompts; each cell the "
-             f"median of {spec.repeats} interleaved repeats of >= {spec.min_seconds} s inside one server start, "
+             f"median of its interleaved repeats ({spec.repeats} planned; a run's deadline can cut a cell short, "
+             f"and the cell's table says how many ran) of >= {spec.min_seconds} s inside one server start, "
              f"every server's repeat r serving the same prompts. x{baseline}: the ratio of medians, with its 95 % "
              "bootstrap interval over the rounds. TTFT and ITL (the gaps between streamed chunks): p50 / p99 ms of "
              "one streamed pass of max(C, 2) requests per cell, through `k26-deploy bench`'s client.", "",
@@ -370,8 +371,8 @@ def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, de
         lines.append(f"| {name} | " + " | ".join(_ratio_text(by.get((name, c)), by.get((baseline, c)))
                                                  for c in cells) + " |")
     for cell in cells:
-        lines += ["", f"## {cell}", "", "| server | tok/s (min-max) | x" + baseline + " | accept | TTFT ms | ITL ms "
-                  "| lossless | ties stopped |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"## {cell}", "", "| server | tok/s (min-max) | repeats | x" + baseline + " | accept | TTFT ms | "
+                  "ITL ms | lossless | ties stopped |", "|---|---|---|---|---|---|---|---|---|"]
         for name in servers:
             s = by.get((name, cell))
             if s is None or s["median_tok_s"] is None:
@@ -379,6 +380,7 @@ def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, de
             stops = s.get("stopped_early") or {}
             where = f" at {stops['positions']}" if stops.get("positions") else ""
             lines.append(f"| {name} | {s['median_tok_s']:.0f} ({s['min_tok_s']:.0f}-{s['max_tok_s']:.0f}) | "
+                         f"{len(s['repeat_tok_s'])} | "
                          f"{_ratio_text(s, by.get((baseline, cell)))} | "
                          f"{'' if s['accept_length'] is None else format(s['accept_length'], '.2f')} | "
                          f"{_ms(s.get('latency'), 'ttft_ms')} | {_ms(s.get('latency'), 'itl_ms')} | {s['verdict']} | "

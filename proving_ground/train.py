@@ -16,8 +16,8 @@ The text is Python source (proving_ground.corpus). The target trains until its g
 continuations of the eval prompts are the text (MEMORIZED of the tokens) with a median
 top-1/top-2 log-prob gap over GAP_GOAL nats, or its share of the budget ends; the report gives
 every continuation's shortest period and the share of it that is the text. The drafter ("real")
-then trains DFlash-style on the frozen target's own continuations of text away from every prompt
-(distill_set) until its simulated acceptance stops improving. The goal drafters are that
+then trains DFlash-style on the frozen target's own continuations of the text (distill_set) until
+its simulated acceptance stops improving. The goal drafters are that
 training's weights where linear DFlash first accepted their goal: "weak" where the field's K2.6
 figures put a DFlash drafter on real text, "weaker" below it, "mid" above. --redraft trains the
 drafters anew against a carried target.
@@ -80,22 +80,20 @@ TREE_SHAPES = [CHAIN, TreeShape(7, 1, True)] + [
 # Training windows hold a prompt and its whole continuation, so no served position is untrained.
 SEQ_LEN = 512
 EVAL_NEW_TOKENS = 96
-EVAL_PROMPTS = 8  # the served prompts the training's stop checks look at
+EVAL_PROMPTS = 8  # the served prompts the target's stop checks look at
+# A drafter's checks look at every served prompt: on the first 8 a drafter accepted 3.6 where all
+# 64 gave it 4.9, so its goal drafters would land outside their bands.
 GREEDY_BATCH = 512
-# Text this close before a prompt leads the target into that prompt's context: no distilled
-# sequence starts there.
-DISTILL_MARGIN = 64
 
 
 @dataclass(frozen=True)
 class Knobs:
     """Training sizes; `SMOKE` shrinks them so a CPU test walks every line in seconds."""
     target_batch: int = 64
-    draft_batch: int = 32
-    draft_blocks: int = 16
+    draft_batch: int = 32  # sequences per step; every position of each roots a block
     target_eval_every: int = 200
     target_min_steps: int = 600
-    draft_eval_every: int = 20  # steps between acceptance checks (a goal drafter is taken at one)
+    draft_eval_every: int = 10  # steps between acceptance checks (a goal drafter is taken at one)
     draft_plateau_evals: int = 10  # checks between the plateau test and the log line
     draft_min_steps: int = 1000
     report_new_tokens: int = corpus.CONTINUATION_TOKENS
@@ -107,7 +105,7 @@ class Knobs:
     distill: int = 1024  # the target's own continuations the drafters train on
 
 
-SMOKE = Knobs(target_batch=2, draft_batch=2, draft_blocks=2, target_eval_every=2, target_min_steps=2,
+SMOKE = Knobs(target_batch=2, draft_batch=2, target_eval_every=2, target_min_steps=2,
               draft_eval_every=2, draft_plateau_evals=1, draft_min_steps=2, eval_new_tokens=12, report_new_tokens=12,
               corpus_bytes=60_000, seq_len=64, prompts=8, served=4, distill=8)
 
@@ -226,13 +224,16 @@ def block_logits(target, drafter, windows: torch.Tensor, anchors: torch.Tensor) 
         return target.lm_head(hidden).float().view(b, n_blocks, bs, -1)[:, :, 1:]
 
 
-def draft_batch(target, drafter, windows, n_blocks: int, gen: torch.Generator):
-    """One DFlash training batch: blocks anchored at random positions, loss on block slots 1..B-1."""
+def draft_batch(target, drafter, windows):
+    """One DFlash training batch: a block rooted at every position of windows [b, t] whose block
+    fits, loss on block slots 1..B-1. Every root of a window shares one target forward, so a step
+    carries t times the labels of one block per window: a small drafter needs that many to learn
+    the text."""
     b, t = windows.shape
     bs = tinymodel.BLOCK_SIZE
-    anchors = torch.randint(1, t - bs, (b, n_blocks), generator=gen).to(windows.device)
+    anchors = torch.arange(1, t - bs, device=windows.device).expand(b, -1)
     block_pos = (anchors[..., None] + torch.arange(bs, device=windows.device)).view(b, -1)
-    labels = windows.gather(1, block_pos).view(b, n_blocks, bs)[..., 1:]
+    labels = windows.gather(1, block_pos).view(b, -1, bs)[..., 1:]
     return block_logits(target, drafter, windows, anchors), labels
 
 
@@ -278,14 +279,14 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
     snapshots: dict[str, tuple[dict, int]] = {}
     while time.time() < deadline:
         windows = sample_windows(data, knobs.draft_batch, knobs.seq_len, gen)[:, :-1].to(device)
-        logits, labels = draft_batch(target, drafter, windows, knobs.draft_blocks, gen)
+        logits, labels = draft_batch(target, drafter, windows)
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         optimizer_step(opt, loss_t, drafter)
         step += 1
         if step % knobs.draft_eval_every == 0:
             loss = float(loss_t.detach())
             drafter.eval()
-            acc = linear_acceptance(target, drafter, greedy_seqs[:EVAL_PROMPTS], prompt_lens[:EVAL_PROMPTS])
+            acc = linear_acceptance(target, drafter, greedy_seqs, prompt_lens)
             drafter.train()
             for name, goal in goals.items():
                 if name not in snapshots and acc >= goal:
@@ -347,7 +348,7 @@ ACCEPTANCE_NOTE = ("exact greedy acceptance (committed tokens per step) along th
 
 
 def load_pair(out: Path, device: torch.device):
-    """(target, tokenizer, {seed, served, fingerprint, offsets} from prompts.json, prompt ids,
+    """(target, tokenizer, {seed, served, fingerprint} from prompts.json, prompt ids,
     {report file: its JSON}) of a folder make_pair wrote; UserError if it is not one."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -358,8 +359,7 @@ def load_pair(out: Path, device: torch.device):
         meta = json.loads((out / "prompts.json").read_text())
         prompts = [list(map(int, p["input_ids"])) for p in meta["prompts"]]
         pair = {"seed": int(meta["seed"]), "served": int(meta["served"]),
-                "fingerprint": str(meta["text"]["fingerprint"]),
-                "offsets": [int(p["text_offset"]) for p in meta["prompts"]]}
+                "fingerprint": str(meta["text"]["fingerprint"])}
         reports = {name: json.loads((out / name).read_text()) for name in REPORTS}
         state = load_file(str(out / "target" / "model.safetensors"))
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as err:
@@ -408,7 +408,7 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     prompt_lens = [len(p) for p in served]
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
     seed = pair["seed"]
-    distilled = distill_set(target, data, pair["offsets"], seed, knobs, device)
+    distilled = distill_set(target, data, seed, knobs, device)
     drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
     info, snapshots = train_drafter(target, drafter, distilled, device, seed, t0 + time_budget, greedy, prompt_lens,
                                     knobs, {name: GOAL_DRAFTERS[name].goal}, stop_at_goals=True)
@@ -439,32 +439,30 @@ def continuation_report(greedy: list[list[int]], prompts: list[list[int]], offse
             "p10_gap": gaps_sorted[len(gaps) // 10], "min_gap": gaps_sorted[0]}
 
 
-def distill_set(target, data: torch.Tensor, offsets: list[int], seed: int, knobs: Knobs, device) -> torch.Tensor:
+def distill_set(target, data: torch.Tensor, seed: int, knobs: Knobs, device) -> torch.Tensor:
     """[knobs.distill, PROMPT_TOKENS + report_new_tokens] on `device`: the target's greedy
-    continuations of text windows that start neither inside a prompt's span (its prompt and the
-    text its continuation stands for) nor DISTILL_MARGIN tokens before it. Drafters learn the
-    target's own outputs, as real DFlash drafters do, and never a prompt's context."""
-    span = corpus.PROMPT_TOKENS + knobs.report_new_tokens
-    banned = torch.zeros(data.numel(), dtype=torch.bool)
-    for o in offsets:
-        banned[max(0, o - DISTILL_MARGIN):o + span] = True
-    allowed = (~banned[:data.numel() - corpus.PROMPT_TOKENS]).nonzero().squeeze(1)
-    if allowed.numel() == 0:
-        raise UserError("no text is left outside the prompts' spans to distil the drafters on")
+    continuations of text windows starting anywhere in the text. Drafters learn the target's own
+    outputs, as real DFlash drafters do. The served prompts' text is among them: the target has
+    memorized the text, and a drafter of 1.3M parameters trained on the rest accepted about 1.5
+    tokens (bench/results/2026-12-03-text-pair-training), where a real drafter, trained on far
+    more text than it serves, predicts its target well; knowing the text as the target does is
+    what stands in for that here. How well it knows it is its goal's acceptance."""
+    if data.numel() <= corpus.PROMPT_TOKENS:
+        raise UserError(f"the text has {data.numel()} tokens: too few for a {corpus.PROMPT_TOKENS}-token prompt")
     gen = torch.Generator().manual_seed(seed + 11)
-    starts = allowed[torch.randint(0, allowed.numel(), (knobs.distill,), generator=gen)].tolist()
+    starts = torch.randint(0, data.numel() - corpus.PROMPT_TOKENS, (knobs.distill,), generator=gen).tolist()
     seqs, _ = greedy_continuations(target, [data[s:s + corpus.PROMPT_TOKENS].tolist() for s in starts],
                                    knobs.report_new_tokens, device)
     return torch.tensor(seqs, device=device)
 
 
-def make_drafters(target, data: torch.Tensor, offsets: list[int], served: list[list[int]], greedy: list[list[int]],
+def make_drafters(target, data: torch.Tensor, served: list[list[int]], greedy: list[list[int]],
                   seed: int, deadline: float, device, knobs: Knobs) -> tuple[dict, dict]:
     """The drafter trained on the target's own continuations until the deadline or until
     its acceptance stops improving ("real"), and each goal drafter: its weights where that training
     first reached the goal; greedy: the served prompts' continuations, which judge them.
     (drafters {name: (module, config)}, their reports)."""
-    distilled = distill_set(target, data, offsets, seed, knobs, device)
+    distilled = distill_set(target, data, seed, knobs, device)
     log(f"distilled {tuple(distilled.shape)} sequences")
     prompt_lens = [len(p) for p in served]
     drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
@@ -502,7 +500,7 @@ def redraft(out: Path, time_budget: float, device: torch.device, text_root: Path
     data = pair_text(out, pair, tok, text_root, knobs)
     served = prompts[:pair["served"]]
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
-    drafters, made = make_drafters(target, data, pair["offsets"], served, greedy, pair["seed"], t0 + time_budget,
+    drafters, made = make_drafters(target, data, served, greedy, pair["seed"], t0 + time_budget,
                                    device, knobs)
     report = reports["train_report.json"]
     report = {k: v for k, v in report.items() if not k.startswith("drafter")} | made["reports"]
@@ -536,7 +534,7 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, te
                        seconds=round(time.time() - t0, 1))
     log(f"target done: {dict(target_info, continuations={k: v for k, v in target_info['continuations'].items() if k != 'periods'})}")
 
-    drafters, made = make_drafters(target, data, offsets, served, greedy[:knobs.served], seed, t0 + time_budget,
+    drafters, made = make_drafters(target, data, served, greedy[:knobs.served], seed, t0 + time_budget,
                                    device, knobs)
     report = {"seed": seed, "text": text, "target": target_info, **made["reports"]}
 

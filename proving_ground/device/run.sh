@@ -50,7 +50,9 @@ CHECK_PID=
 # newly carried archive replaces what an earlier call left on a warm machine.
 MODEL_SHA=trained
 if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1); fi
-if [ -f "$K/models/train_report.json" ] && [ "$(cat "$K/models/.k26-model" 2>/dev/null)" = "$MODEL_SHA" ]; then
+HAVE_MODEL=$(cat "$K/models/.k26-model" 2>/dev/null)
+# A warm machine's redrafted pair is what a later K26_REDRAFT=1 call asks for: it is kept.
+if [ -f "$K/models/train_report.json" ] && { [ "$HAVE_MODEL" = "$MODEL_SHA" ] || { [ "${K26_REDRAFT:-0}" = 1 ] && [ "$HAVE_MODEL" = "$MODEL_SHA redrafted" ]; }; }; then
   step "model pairs already here (warm machine)"
 elif [ -f "$G/model.tar.xz" ]; then
   step "unpack the model pairs"; rm -rf "$K/models"; mkdir -p "$K/models"

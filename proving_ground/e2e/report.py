@@ -36,7 +36,7 @@ def fatal_lines(log: Path) -> list[str]:
 def markdown(report: dict) -> str:
     lines = [f"# GPU proving ground, run {report['run']}",
              "", f"{report['device']}; {report['new_tokens']} new tokens x {report['prompts']} prompts; "
-             f"eps {report['eps']}; AR reference top-2 gap: {report.get('reference_gaps')}",
+             f"eps {report['eps']}, exact_eps {report.get('exact_eps')}; AR reference top-2 gap: {report.get('reference_gaps')}",
              f"total wall {report['wall_s']} s; GPU memory peak (all servers) {report['gpu_peak_mib']} MiB", "",
              "| server | workload | verdict | accept len | tok/s | divergences (pos: gap) | start s | capture s | peak MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -46,13 +46,19 @@ def markdown(report: dict) -> str:
                          f"{s['peak_mem_mib']} |")
         for c in s["cells"]:
             shown = c.get("divergences", [])
-            divs = ", ".join(f"p{d['prompt']}@{d['position']}: {d['gap'] if d['gap'] is None else round(d['gap'], 3)}"
-                             for d in shown[:6]) + (f" (+{len(shown) - 6} more in the JSON)" if len(shown) > 6 else "")
+            divs = ", ".join(f"p{d['prompt']}@{d['position']}: {_divergence_gaps(d)}" for d in shown[:6])
+            divs += f" (+{len(shown) - 6} more in the JSON)" if len(shown) > 6 else ""
             acc = "" if c["accept_length"] is None else f"{c['accept_length']:.2f}"
             lines.append(f"| {s['name']} | {c['workload']} | {c['verdict']} | {acc} | {c['tok_per_s']} | {divs} | "
                          f"{s['ready_s']} | {s['capture_s']} | {s['peak_mem_mib']} |")
     lines += ["", f"Overall: **{report['overall']}**", ""]
     return "\n".join(lines)
+
+
+def _divergence_gaps(d: dict) -> str:
+    """The reference's top-2 gap, and the exact model's margin where it was asked."""
+    gap = "None" if d["gap"] is None else f"{d['gap']:.3f}"
+    return gap if d.get("exact_margin") is None else f"{gap} (exact {d['exact_margin']:.3f})"
 
 
 def gpu_name() -> str:

@@ -14,6 +14,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.processes import descendants
 from k26_ddtree.sglang.args import TOPK_HOOK_ENV, TRACE_ENV
 from proving_ground import lossless, matrix, speed, tuning
+from proving_ground.exact import exact_margin
 from proving_ground.e2e.extras import named_schedules, profile_server, run_bench_harness
 from proving_ground.e2e.report import capture_seconds, fatal_lines, gpu_name, overall, write_outputs
 from proving_ground.e2e.reuse import fingerprint, oracle_agreement, patched_site, read_state, write_oracle
@@ -57,6 +58,8 @@ class MatrixRun:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise UserError(f"{args.models}/prompts.json is missing or not the model pair's prompts ({err}); "
                             "make the pair with `python -m proving_ground.train --out DIR`") from None
+        self.tie_rule = lossless.TieRule(float(self.spec["eps"]), exact_margin(args.models, self.prompts),
+                                         float(self.spec.get("exact_eps", 0.0)))
         unknown = [run for run in args.keep_for if run not in self.spec["runs"]]
         if unknown:
             raise UserError(f"--keep-for {unknown[0]}: no such run in {args.matrix} (runs: {', '.join(self.spec['runs'])})")
@@ -281,7 +284,7 @@ class MatrixRun:
                             concurrency=int(self.settings.get("reference_concurrency", 1)))
             results, wall = run_workload(ar, workload, self.prompts, self.spec["new_tokens"], True, self.deadline)
             rows = [r for r in results if "error" not in r]
-            cell = cell_record(ar, "greedy-c1", workload, results, wall, None, self.spec["eps"])
+            cell = cell_record(ar, "greedy-c1", workload, results, wall, None, self.tie_rule)
             if len(rows) == len(self.prompts):
                 self.reference = {r["prompt"]: r for r in rows}
                 self.ref_rows = rows
@@ -321,7 +324,7 @@ class MatrixRun:
                 workload = self.spec["workloads"][wname]
                 results, wall = run_workload(server, workload, self.prompts, self.spec["new_tokens"], False,
                                              self.deadline)
-                cell = cell_record(server, wname, workload, results, wall, self.reference, self.spec["eps"])
+                cell = cell_record(server, wname, workload, results, wall, self.reference, self.tie_rule)
                 self.cells[server.spec.name].append(cell)
                 say(f"{server.spec.name} {wname}: {cell['verdict']} tok/s {cell['tok_per_s']} "
                     f"accept {cell['accept_length']}")
@@ -351,7 +354,7 @@ class MatrixRun:
         table_end = self.deadline - 12 - tuning.TABLE_TUNE_S * len(table_groups)
         table_costs = tuning.TableCosts(self.servers, table_groups, self.args, self.prompts, self.spec["new_tokens"],
                                         table_end, say) if table_groups else None
-        self.speed = speed.measure(ready, spec, self.prompts, self.reference,
+        self.speed = speed.measure(ready, spec, self.prompts, self.reference, self.tie_rule,
                                    lambda url, ids, params: post_json(url + "/generate",
                                                                       {"input_ids": ids, "sampling_params": params},
                                                                       timeout=max(5.0, self.time_left())),
@@ -415,6 +418,7 @@ class MatrixRun:
                                 "cells": self.cells.get(s.spec.name, [])})
         report = {"run": str(self.args.run), "device": gpu_name(), "prompts": len(self.prompts),
                   "new_tokens": self.spec["new_tokens"], "eps": self.spec["eps"],
+                  "exact_eps": self.tie_rule.exact_eps if self.tie_rule.exact else None,
                   "wall_s": round(time.time() - self.t0, 1), "gpu_peak_mib": self.sampler.total_peak_mib,
                   "reference_gaps": lossless.gap_stats([r["top2"] for r in self.ref_rows]) if self.ref_rows else None,
                   "oracle_file": "carried" if self.carried_oracle else "this run's AR",

@@ -55,7 +55,8 @@ def ramp_tokens(workload: dict, new_tokens: int, i: int, count: int) -> int:
     return max(1, new_tokens * (i + 1) // count) if workload.get("ramp") else new_tokens
 
 
-def cell_record(server: Server, wname: str, workload: dict, results, wall: float, reference, eps: float) -> dict:
+def cell_record(server: Server, wname: str, workload: dict, results, wall: float, reference,
+                rule: lossless.TieRule) -> dict:
     errors = [r["error"] for r in results if "error" in r]
     ok = [r for r in results if "error" not in r]
     tokens = sum(len(r["output_ids"]) for r in ok)
@@ -65,7 +66,7 @@ def cell_record(server: Server, wname: str, workload: dict, results, wall: float
             "accept_length": lossless.acceptance([r["meta"] for r in ok]) if server.spec.speculative else None}
     if float(workload["temperature"]) == 0.0 and reference is not None:
         divs = lossless.divergences(((r["prompt"], r["output_ids"], r["max_new_tokens"]) for r in ok), reference,
-                                    eps)
+                                    rule)
         cell["divergences"] = [d.as_dict() for d in divs]
         cell["verdict"] = "FAIL" if errors else lossless.verdict(divs)
     else:

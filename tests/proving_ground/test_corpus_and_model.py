@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from proving_ground import corpus, tinymodel, tokenizer, train
+from k26_ddtree.errors import UserError
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -146,11 +147,14 @@ def test_target_math_equals_transformers_deepseek_v3():
 def test_drafter_training_batch_shapes_and_mask():
     target = tinymodel.TinyDeepseekV3()
     drafter = tinymodel.TinyDFlashDrafter()
-    gen = torch.Generator().manual_seed(0)
     windows = torch.randint(3, tinymodel.VOCAB, (2, 40))
-    logits, labels = train.draft_batch(target, drafter, windows, 3, gen)
-    assert logits.shape == (2, 3, tinymodel.BLOCK_SIZE - 1, tinymodel.VOCAB)
-    assert labels.shape == (2, 3, tinymodel.BLOCK_SIZE - 1)
+    logits, labels = train.draft_batch(target, drafter, windows)
+    roots = 40 - tinymodel.BLOCK_SIZE - 1  # every root from 1 whose block fits in the window
+    assert logits.shape == (2, roots, tinymodel.BLOCK_SIZE - 1, tinymodel.VOCAB)
+    assert labels.shape == (2, roots, tinymodel.BLOCK_SIZE - 1)
+    # block r's labels are the window's tokens after its root, r + 1 .. r + BLOCK_SIZE - 1
+    assert labels[1, 0].tolist() == windows[1, 2:1 + tinymodel.BLOCK_SIZE].tolist()
+    assert labels[0, -1].tolist() == windows[0, roots + 1:roots + tinymodel.BLOCK_SIZE].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -273,13 +277,21 @@ def test_redraft_trains_every_drafter_anew_on_the_targets_own_continuations(smok
     assert set(json.loads((folder / "acceptance.json").read_text())) >= {"real", "weak", "weaker", "mid"}
 
 
-def test_no_distilled_sequence_starts_inside_or_just_before_a_prompts_span():
+def test_distilled_sequences_are_the_targets_continuations_of_text_windows():
     data = torch.arange(3, 1003) % tinymodel.VOCAB
     knobs = train.SMOKE
     target = tinymodel.TinyDeepseekV3().eval()
-    offsets = [200, 600]
-    seqs = train.distill_set(target, data, offsets, 0, knobs, torch.device("cpu"))
-    span = corpus.PROMPT_TOKENS + knobs.report_new_tokens
+    seqs = train.distill_set(target, data, 0, knobs, torch.device("cpu"))
+    assert seqs.shape == (knobs.distill, corpus.PROMPT_TOKENS + knobs.report_new_tokens)
     for row in seqs.tolist():
-        start = int(row[0]) - 3  # the text is arange: its first token says where it started
-        assert not any(o - train.DISTILL_MARGIN <= start < o + span for o in offsets), start
+        start = row[0] - 3  # the text is arange: its first token says where it started
+        assert row[:corpus.PROMPT_TOKENS] == data[start:start + corpus.PROMPT_TOKENS].tolist()
+    greedy, _ = train.greedy_continuations(target, [seqs[0, :corpus.PROMPT_TOKENS].tolist()],
+                                           knobs.report_new_tokens, torch.device("cpu"))
+    assert greedy[0] == seqs[0].tolist()
+
+
+def test_distilling_a_text_shorter_than_a_prompt_is_refused():
+    with pytest.raises(UserError, match="too few"):
+        train.distill_set(tinymodel.TinyDeepseekV3().eval(), torch.arange(3, 20), 0, train.SMOKE,
+                          torch.device("cpu"))

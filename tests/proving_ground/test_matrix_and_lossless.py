@@ -68,6 +68,9 @@ def test_server_commands():
     assert "--disable-cuda-graph" in eager and "--speculative-algorithm" not in eager
 
 
+RULE = lossless.TieRule(0.05)
+
+
 def top2(gap):
     return [[-0.1, 5], [-0.1 - gap, 6]]
 
@@ -75,18 +78,39 @@ def top2(gap):
 def test_exact_tie_and_failure():
     ref = [5, 5, 5, 5]
     ref_top2 = [top2(3.0), top2(3.0), top2(0.01), top2(3.0)]
-    assert lossless.check_request(0, ref, ref_top2, [5, 5, 5, 5], 0.05) is None
-    tie = lossless.check_request(0, ref, ref_top2, [5, 5, 6, 1], 0.05)
+    assert lossless.check_request(0, ref, ref_top2, [5, 5, 5, 5], RULE) is None
+    tie = lossless.check_request(0, ref, ref_top2, [5, 5, 6, 1], RULE)
     assert tie.position == 2 and tie.tie and tie.got_token == 6
-    fail = lossless.check_request(1, ref, ref_top2, [5, 6, 5, 5], 0.05)
+    fail = lossless.check_request(1, ref, ref_top2, [5, 6, 5, 5], RULE)
     assert fail.position == 1 and not fail.tie and fail.gap == pytest.approx(3.0)
     assert lossless.verdict([]) == "exact"
     assert lossless.verdict([tie]) == "lossless (ties only)"
     assert lossless.verdict([tie, fail]) == "FAIL"
 
 
+def test_a_divergence_the_reference_calls_decisive_is_a_tie_where_the_exact_model_is_within_exact_eps():
+    asked = []
+
+    def exact(prompt, prefix, a, b):
+        asked.append((prompt, list(prefix), a, b))
+        return {6: 0.2, 7: -0.2, 9: 0.3}[b]
+
+    rule = lossless.TieRule(0.05, exact, exact_eps=0.25)
+    ref, ref_top2 = [5, 5, 5], [top2(2.25)] * 3
+    tie = lossless.check_request(3, ref, ref_top2, [5, 6], rule)
+    assert tie.tie and tie.exact_margin == pytest.approx(0.2) and asked == [(3, [5], 5, 6)]
+    assert lossless.check_request(3, ref, ref_top2, [5, 7], rule).tie  # the other way round, as close
+    fail = lossless.check_request(3, ref, ref_top2, [5, 9], rule)
+    assert not fail.tie and fail.exact_margin == pytest.approx(0.3)
+    # the reference's own tie needs no question; a short output has no token to ask about
+    asked.clear()
+    assert lossless.check_request(3, ref, [top2(3.0), top2(0.01), top2(3.0)], [5, 6], rule).tie
+    short = lossless.check_request(3, ref, ref_top2, [5], rule)
+    assert not short.tie and short.exact_margin is None and asked == []
+
+
 def test_short_output_is_a_divergence():
-    d = lossless.check_request(0, [1, 2, 3], [top2(1.0)] * 3, [1, 2], 0.05)
+    d = lossless.check_request(0, [1, 2, 3], [top2(1.0)] * 3, [1, 2], RULE)
     assert d.position == 2 and not d.tie
 
 
@@ -199,8 +223,8 @@ def test_schedule_servers_name_a_schedule_and_ramps_ask_for_fewer_tokens():
     assert [ramp_tokens({"ramp": True}, 256, i, 16) for i in (0, 7, 15)] == [16, 128, 256]
     assert ramp_tokens({}, 256, 3, 16) == 256
     ref = {0: {"output_ids": [5, 6, 7, 8], "top2": []}}
-    assert lossless.divergences([(0, [5, 6], 2), (0, [5, 6, 7, 8])], ref, 0.05) == []
-    assert lossless.divergences([(0, [5, 9], 2)], ref, 0.05)[0].position == 1
+    assert lossless.divergences([(0, [5, 6], 2), (0, [5, 6, 7, 8])], ref, RULE) == []
+    assert lossless.divergences([(0, [5, 9], 2)], ref, RULE)[0].position == 1
 
 
 def test_a_repeats_host_cpu_shares_come_from_the_difference_of_two_proc_stat_reads():
