@@ -1,20 +1,23 @@
-"""The exact model the proving ground's bf16 servers approximate: its trained target in fp32.
+"""The exact model the proving ground's bf16 servers approximate: its trained target computed in fp32.
 
 The lossless rule (proving_ground.lossless) asks it, at a divergence from the AR reference that
-the reference's own gap does not explain, how far apart the two tokens' logits really are.
-It runs on the CPU, once per such divergence: one forward of a prompt and its output so far.
+the reference's own gap does not explain, how far below its top-1 the two tokens lie.
+It runs on the CPU, once per divergence (each answer is kept): one forward of a prompt and its
+output so far.
 
     python -m proving_ground.exact --models DIR --oracle oracle-runRUN.json --report e2e-runRUN.json [--exact-eps E]
 
-judges a finished run's divergences again under the same rule (the runner does it as it goes):
-every cell's first divergence per request, the exact margin where the reference's gap does not
-make it a tie, and the cell's verdict. --oracle gives the run's prompts and AR outputs.
+judges a finished run's greedy speed cells again under the same rule (the runner does it as it
+goes): each request's first divergence, the exact model's answer where the reference's gap does
+not make it a tie, and the cell's verdict. --oracle gives the run's prompts and AR outputs.
+Exit 0 when every cell is lossless, 1 when one is not, 2 for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -40,13 +43,15 @@ def is_tiny_target(models: Path) -> bool:
 
 
 class ExactTarget:
-    """margin(prompt, output prefix, a, b) = fp32 logit(a) - logit(b) of the next token after
-    prompts[prompt] + the output prefix. The weights load at the first question."""
+    """below_top(prompt, output prefix, a, b): how far tokens a and b lie below the top-1 fp32
+    logit of the next token after prompts[prompt] + the output prefix. The weights load at the
+    first question."""
 
     def __init__(self, models: Path, prompts: list[list[int]]):
         self.weights = models / "target" / "model.safetensors"
         self.prompts = prompts
         self._target = None
+        self._answers: dict[tuple, tuple[float, float]] = {}
 
     def _load(self):
         from safetensors import SafetensorError
@@ -62,48 +67,81 @@ class ExactTarget:
             raise UserError(f"{self.weights}: not the tiny target's weights ({str(err).splitlines()[0]})") from None
         return target.eval()
 
-    def margin(self, prompt: int, output_prefix: list[int], a: int, b: int) -> float:
+    def below_top(self, prompt: int, output_prefix: list[int], a: int, b: int) -> tuple[float, float]:
         import torch
 
-        if self._target is None:
-            self._target = self._load()
-        ids = torch.tensor([list(self.prompts[prompt]) + list(output_prefix)])
-        with torch.no_grad():
-            logits, _ = self._target(ids)
-        return float(logits[0, -1, a].double() - logits[0, -1, b].double())
+        key = (prompt, tuple(output_prefix), a, b)
+        if key not in self._answers:
+            if self._target is None:
+                self._target = self._load()
+            ids = torch.tensor([list(self.prompts[prompt]) + list(output_prefix)])
+            with torch.no_grad():
+                logits = self._target(ids)[0][0, -1].double()
+            top = logits.max()
+            self._answers[key] = (float(top - logits[a]), float(top - logits[b]))
+        return self._answers[key]
 
 
-def exact_margin(models: Path, prompts: list[list[int]]):
-    """ExactTarget(models, prompts).margin, or None when models/target has no exact model here."""
-    return ExactTarget(models, prompts).margin if is_tiny_target(models) else None
+def exact_model(models: Path, prompts: list[list[int]]):
+    """ExactTarget(models, prompts).below_top, or None when models/target has no exact model here."""
+    return ExactTarget(models, prompts).below_top if is_tiny_target(models) else None
 
 
-def rejudge(report: dict, oracle: dict, models: Path, rule_eps: float, exact_eps: float) -> list[dict]:
+def _ids(value) -> list[int]:
+    if not isinstance(value, list) or not all(type(t) is int for t in value):
+        raise TypeError(f"expected a list of token ids, got {str(value)[:60]}")
+    return value
+
+
+def rejudge(report: dict, oracle: dict, models: Path, exact_eps: float) -> list[dict]:
     """Per greedy speed cell of an e2e report: its divergences judged again by the lossless rule
-    with the exact model of `models`, and the verdict."""
+    with the exact model of `models`, and the verdict. UserError where the files disagree."""
     from proving_ground import lossless
 
-    prompts = [row["input_ids"] for row in oracle["prompts"]]
-    margin = exact_margin(models, prompts)
-    if margin is None:
-        raise UserError(f"{models}/target: not the tiny target, so there is no exact model to ask")
-    rule = lossless.TieRule(rule_eps, margin, exact_eps)
+    rows = oracle.get("prompts") if isinstance(oracle, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UserError("the oracle file has no list of prompts: not an oracle-runRUN.json")
+    prompts, references = [_ids(r["input_ids"]) for r in rows], [_ids(r["ar_output_ids"]) for r in rows]
+    if not isinstance(report, dict) or not isinstance(report.get("speed"), list) or "eps" not in report:
+        raise UserError("the report has no 'eps' and 'speed' list: not an e2e-runRUN.json of a speed run")
+    if report.get("prompts") != len(prompts):
+        raise UserError(f"the report served {report.get('prompts')} prompts and the oracle holds {len(prompts)}: "
+                        "not the same run")
+    model = exact_model(models, prompts)
+    if model is None:
+        raise UserError(f"{models}/target/config.json: missing, or not the tiny target, so there is no exact model")
+    rule = lossless.TieRule(float(report["eps"]), model, exact_eps)
     cells = []
-    for cell in report.get("speed") or []:
-        if not cell.get("divergences") and cell.get("verdict") not in ("FAIL", "lossless (ties only)"):
-            continue
+    for cell in report["speed"]:
+        if not isinstance(cell, dict):
+            raise UserError("a speed cell of the report is not an object")
+        listed = cell.get("divergences") or []
+        if not cell.get("repeat_tok_s") or (cell.get("verdict") in ("completed", None) and not listed):
+            continue  # a cell the run's deadline left unmeasured, or a sampled one: nothing to judge
         judged = []
-        for d in cell.get("divergences") or []:
-            reference = oracle["prompts"][d["prompt"]]["ar_output_ids"]
-            got = reference[:d["position"]] + ([d["got_token"]] if d["got_token"] >= 0 else [])
-            top2 = [[] for _ in reference]
-            if d["gap"] is not None:
-                top2[d["position"]] = [[0.0, d["reference_token"]], [-d["gap"], -1]]
-            judged.append(lossless.check_request(d["prompt"], reference, top2, got, rule))
-        judged = [j for j in judged if j is not None]
-        cells.append({"server": cell["server"], "cell": cell["cell"], "verdict": lossless.verdict(judged),
+        for d in listed:
+            prompt, pos = int(d["prompt"]), int(d["position"])
+            if not 0 <= prompt < len(prompts) or not 0 <= pos <= len(references[prompt]):
+                raise UserError(f"{cell['server']}/{cell['cell']}: divergence p{prompt}@{pos} is outside the oracle")
+            if (references[prompt][pos] if pos < len(references[prompt]) else -1) != int(d["reference_token"]):
+                raise UserError(f"{cell['server']}/{cell['cell']}: the oracle's token at p{prompt}@{pos} is not the "
+                                "report's reference token: not the same run")
+            judged.append(lossless.judge(prompt, pos, references[prompt], int(d["got_token"]), d["gap"], rule))
+        verdict = lossless.verdict(judged)
+        # A cell's summary keeps its first divergences only, and request errors fail it whatever they are.
+        if cell.get("errors") or cell.get("divergence_count", len(listed)) > len(listed):
+            verdict = "FAIL"
+        cells.append({"server": cell["server"], "cell": cell["cell"], "verdict": verdict,
                       "divergences": [j.as_dict() for j in judged]})
     return cells
+
+
+def divergence_text(d: dict) -> str:
+    """A divergence's reference gap, and where the exact model was asked, how far each token lies
+    below its top-1 (the reference's token, then the produced one)."""
+    gap = "None" if d["gap"] is None else f"{d['gap']:.3f}"
+    below = d.get("exact_below_top")
+    return gap if below is None else f"{gap} (exact below top-1: {below[0]:.3f} / {below[1]:.3f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,23 +149,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", required=True, type=Path, help="the pair's folder (its target/ is the model)")
     parser.add_argument("--oracle", required=True, type=Path, help="the run's oracle-runRUN.json (prompts, AR outputs)")
     parser.add_argument("--report", required=True, type=Path, help="the run's e2e-runRUN.json")
-    parser.add_argument("--exact-eps", type=float, default=0.25, help="nats (default 0.25, as the matrix's exact_eps)")
+    parser.add_argument("--exact-eps", type=float,
+                        help="nats, > 0 (default: the report's exact_eps, else 0.25 as in matrix.json)")
     args = parser.parse_args(argv)
     try:
         report, oracle = (json.loads(path.read_text()) for path in (args.report, args.oracle))
-        cells = rejudge(report, oracle, args.models, float(report["eps"]), args.exact_eps)
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        exact_eps = args.exact_eps if args.exact_eps is not None else (
+            report.get("exact_eps") if isinstance(report, dict) and report.get("exact_eps") else 0.25)
+        if not (math.isfinite(exact_eps) and exact_eps > 0):
+            raise UserError(f"--exact-eps {exact_eps}: expected a finite number of nats > 0")
+        cells = rejudge(report, oracle, args.models, float(exact_eps))
+    except (OSError, ValueError) as err:
         print(f"exact: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        print(f"exact: error: the report or the oracle is not as the runner writes it ({type(err).__name__}: {err})",
+              file=sys.stderr)
         return 2
     except UserError as err:
         print(f"exact: error: {err}", file=sys.stderr)
         return 2
     for cell in cells:
-        shown = ", ".join(f"p{d['prompt']}@{d['position']} gap {'-' if d['gap'] is None else round(d['gap'], 3)} exact "
-                          f"{'-' if d['exact_margin'] is None else round(d['exact_margin'], 3)}"
-                          for d in cell["divergences"])
+        shown = ", ".join(f"p{d['prompt']}@{d['position']} gap {divergence_text(d)}" for d in cell["divergences"])
         print(f"{cell['cell']} {cell['server']}: {cell['verdict']} ({shown or 'no divergence'})")
-    return 0
+    return 1 if any(cell["verdict"] == "FAIL" for cell in cells) else 0
 
 
 if __name__ == "__main__":

@@ -135,6 +135,7 @@ class CellResult:
             "errors": errors,
             "verdict": ("FAIL" if errors else lossless.verdict(self.divergences)) if self.checked else ("FAIL" if errors else "completed"),
             "divergences": [d.as_dict() for d in self.divergences[:20]],
+            "divergence_count": len(self.divergences),
             "stopped_early": lossless.stops(self.divergences),
             "latency": self.latency,
             "rounds_not_kept": [f"shorter than min_seconds; requests per repeat {grown}"

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 from k26_ddtree import atomic
+from proving_ground.exact import divergence_text
 
 _CAPTURE = re.compile(r"Capture (.+?) end\. Time elapsed: ([\d.]+) s")
 _FATAL = re.compile(r"Traceback|CUDA error|CUBLAS_STATUS|illegal memory access|device-side assert|Segmentation fault")
@@ -38,7 +39,7 @@ def markdown(report: dict) -> str:
              "", f"{report['device']}; {report['new_tokens']} new tokens x {report['prompts']} prompts; "
              f"eps {report['eps']}, exact_eps {report.get('exact_eps')}; AR reference top-2 gap: {report.get('reference_gaps')}",
              f"total wall {report['wall_s']} s; GPU memory peak (all servers) {report['gpu_peak_mib']} MiB", "",
-             "| server | workload | verdict | accept len | tok/s | divergences (pos: gap) | start s | capture s | peak MiB |",
+             "| server | workload | verdict | accept len | tok/s | divergences (pos: gap, exact) | start s | capture s | peak MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in report["servers"]:
         if not s["cells"]:
@@ -46,19 +47,13 @@ def markdown(report: dict) -> str:
                          f"{s['peak_mem_mib']} |")
         for c in s["cells"]:
             shown = c.get("divergences", [])
-            divs = ", ".join(f"p{d['prompt']}@{d['position']}: {_divergence_gaps(d)}" for d in shown[:6])
+            divs = ", ".join(f"p{d['prompt']}@{d['position']}: {divergence_text(d)}" for d in shown[:6])
             divs += f" (+{len(shown) - 6} more in the JSON)" if len(shown) > 6 else ""
             acc = "" if c["accept_length"] is None else f"{c['accept_length']:.2f}"
             lines.append(f"| {s['name']} | {c['workload']} | {c['verdict']} | {acc} | {c['tok_per_s']} | {divs} | "
                          f"{s['ready_s']} | {s['capture_s']} | {s['peak_mem_mib']} |")
     lines += ["", f"Overall: **{report['overall']}**", ""]
     return "\n".join(lines)
-
-
-def _divergence_gaps(d: dict) -> str:
-    """The reference's top-2 gap, and the exact model's margin where it was asked."""
-    gap = "None" if d["gap"] is None else f"{d['gap']:.3f}"
-    return gap if d.get("exact_margin") is None else f"{gap} (exact {d['exact_margin']:.3f})"
 
 
 def gpu_name() -> str:

@@ -14,7 +14,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.processes import descendants
 from k26_ddtree.sglang.args import TOPK_HOOK_ENV, TRACE_ENV
 from proving_ground import lossless, matrix, speed, tuning
-from proving_ground.exact import exact_margin
+from proving_ground.exact import exact_model
 from proving_ground.e2e.extras import named_schedules, profile_server, run_bench_harness
 from proving_ground.e2e.report import capture_seconds, fatal_lines, gpu_name, overall, write_outputs
 from proving_ground.e2e.reuse import fingerprint, oracle_agreement, patched_site, read_state, write_oracle
@@ -58,7 +58,7 @@ class MatrixRun:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise UserError(f"{args.models}/prompts.json is missing or not the model pair's prompts ({err}); "
                             "make the pair with `python -m proving_ground.train --out DIR`") from None
-        self.tie_rule = lossless.TieRule(float(self.spec["eps"]), exact_margin(args.models, self.prompts),
+        self.tie_rule = lossless.TieRule(float(self.spec["eps"]), exact_model(args.models, self.prompts),
                                          float(self.spec.get("exact_eps", 0.0)))
         unknown = [run for run in args.keep_for if run not in self.spec["runs"]]
         if unknown:

@@ -149,7 +149,7 @@ def test_drafter_training_batch_shapes_and_mask():
     drafter = tinymodel.TinyDFlashDrafter()
     windows = torch.randint(3, tinymodel.VOCAB, (2, 40))
     logits, labels = train.draft_batch(target, drafter, windows)
-    roots = 40 - tinymodel.BLOCK_SIZE - 1  # every root from 1 whose block fits in the window
+    roots = 40 - tinymodel.BLOCK_SIZE  # every root from 1 whose block fits in the window
     assert logits.shape == (2, roots, tinymodel.BLOCK_SIZE - 1, tinymodel.VOCAB)
     assert labels.shape == (2, roots, tinymodel.BLOCK_SIZE - 1)
     # block r's labels are the window's tokens after its root, r + 1 .. r + BLOCK_SIZE - 1

@@ -1,4 +1,4 @@
-"""The exact model the lossless rule asks: the trained target's weights in fp32."""
+"""The exact model the lossless rule asks: the trained target's weights computed in fp32."""
 
 import json
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from k26_ddtree.errors import UserError
-from proving_ground import tinymodel
-from proving_ground.exact import exact_margin
+from proving_ground import exact, tinymodel
+from proving_ground.exact import exact_model
 
 pytest.importorskip("safetensors")
 
@@ -16,21 +16,26 @@ pytest.importorskip("safetensors")
 def models(tmp_path):
     target = tinymodel.TinyDeepseekV3()
     tinymodel.init_weights(target, 3)
-    tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, tmp_path / "target")
-    return tmp_path
+    tinymodel.save_checkpoint(target, tinymodel.TARGET_CONFIG, tmp_path / "models" / "target")
+    return tmp_path / "models"
 
 
-def test_the_margin_is_the_fp32_logit_difference_of_the_saved_weights(models):
-    prompts = [[5, 6, 7], [9, 10]]
-    margin = exact_margin(models, prompts)
+def fp32_logits(models, ids):
     from safetensors.torch import load_file
 
     target = tinymodel.TinyDeepseekV3()
     target.load_state_dict({k: v.float() for k, v in load_file(str(models / "target" / "model.safetensors")).items()})
     with torch.no_grad():
-        logits, _ = target(torch.tensor([[9, 10, 11, 12]]))
-    assert margin(1, [11, 12], 40, 41) == pytest.approx(float(logits[0, -1, 40] - logits[0, -1, 41]), abs=1e-5)
-    assert margin(1, [11, 12], 41, 40) == pytest.approx(-margin(1, [11, 12], 40, 41))
+        return target(torch.tensor([ids]))[0][0, -1].double()
+
+
+def test_below_top_is_how_far_each_token_lies_under_the_fp32_top_logit(models):
+    below = exact_model(models, [[5, 6, 7], [9, 10]])
+    logits = fp32_logits(models, [9, 10, 11, 12])
+    top = int(logits.argmax())
+    a, b = below(1, [11, 12], 40, top)
+    assert a == pytest.approx(float(logits[top] - logits[40]), abs=1e-5) and b == 0.0
+    assert below(1, [11, 12], top, 40) == (b, a)
 
 
 def test_an_emulated_folder_has_the_exact_model_and_a_widened_one_has_none(models):
@@ -38,37 +43,81 @@ def test_an_emulated_folder_has_the_exact_model_and_a_widened_one_has_none(model
     emulated = dict(config, architectures=["K26EmulatedDeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"],
                     k26_emulator={"box": "pcie-ep8"})
     (models / "target" / "config.json").write_text(json.dumps(emulated))
-    assert exact_margin(models, [[5]]) is not None
+    assert exact_model(models, [[5]]) is not None
     (models / "target" / "config.json").write_text(json.dumps(dict(config, intermediate_size=4096)))
-    assert exact_margin(models, [[5]]) is None
-    assert exact_margin(models / "absent", [[5]]) is None
+    assert exact_model(models, [[5]]) is None
+    assert exact_model(models / "absent", [[5]]) is None
 
 
 def test_weights_that_are_not_the_tiny_targets_are_one_clear_error(models):
     (models / "target" / "model.safetensors").write_bytes(b"not safetensors")
-    margin = exact_margin(models, [[5, 6]])
+    below = exact_model(models, [[5, 6]])
     with pytest.raises(UserError, match="not the tiny target's weights"):
-        margin(0, [], 1, 2)
+        below(0, [], 1, 2)
 
 
-def test_a_finished_runs_divergences_are_judged_again_with_the_exact_model(models, tmp_path, capsys):
-    from proving_ground import exact
-
+@pytest.fixture
+def finished_run(models, tmp_path):
+    """(CLI args, the report, the exact model's (top, below of token 30)) of a made-up speed run
+    whose one speculative cell parted from AR at p0@2 where AR's gap was 2.25."""
     oracle = {"prompts": [{"input_ids": [5, 6, 7], "ar_output_ids": [20, 21, 22, 23]}]}
-    margin = exact_margin(models, [[5, 6, 7]])(0, [20, 21], 22, 30)
-    report = {"eps": 0.05, "speed": [
-        {"server": "dflash-weak", "cell": "greedy-c1", "verdict": "FAIL",
-         "divergences": [{"prompt": 0, "position": 2, "reference_token": 22, "got_token": 30, "gap": 2.25,
+    logits = fp32_logits(models, [5, 6, 7, 20, 21])
+    top = int(logits.argmax())
+    report = {"eps": 0.05, "prompts": 1, "speed": [
+        {"server": "dflash-weak", "cell": "greedy-c1", "verdict": "FAIL", "divergence_count": 1, "repeat_tok_s": [9.0],
+         "divergences": [{"prompt": 0, "position": 2, "reference_token": 22, "got_token": top, "gap": 2.25,
                           "tie": False}]},
-        {"server": "ar", "cell": "greedy-c1", "verdict": "exact", "divergences": []}]}
+        {"server": "ar", "cell": "greedy-c1", "verdict": "exact", "divergences": [], "repeat_tok_s": [9.0]},
+        {"server": "ar", "cell": "greedy-c64", "verdict": "exact", "divergences": [], "repeat_tok_s": []}]}
     paths = {name: tmp_path / f"{name}.json" for name in ("oracle", "report")}
     paths["oracle"].write_text(json.dumps(oracle))
     paths["report"].write_text(json.dumps(report))
     args = ["--models", str(models), "--oracle", str(paths["oracle"]), "--report", str(paths["report"])]
-    assert exact.main(args + ["--exact-eps", str(abs(margin) + 0.01)]) == 0
-    assert capsys.readouterr().out.startswith("greedy-c1 dflash-weak: lossless (ties only) (p0@2 gap 2.25 exact")
-    assert exact.main(args + ["--exact-eps", str(abs(margin) - 0.01)]) == 0
-    assert capsys.readouterr().out.startswith("greedy-c1 dflash-weak: FAIL")
+    return args, report, paths, float(logits[top] - logits[22])
+
+
+def test_a_finished_runs_divergences_are_judged_again_with_the_exact_model(finished_run, capsys):
+    args, report, paths, below_ref = finished_run
+    assert exact.main(args + ["--exact-eps", str(below_ref + 0.01)]) == 0
+    assert capsys.readouterr().out.startswith("greedy-c1 dflash-weak: lossless (ties only) (p0@2 gap 2.250 "
+                                              "(exact below top-1:")
+    assert exact.main(args + ["--exact-eps", str(below_ref - 0.01)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("greedy-c1 dflash-weak: FAIL") and "greedy-c64" not in out, "an unmeasured cell is not judged"
+    # request errors, or divergences the summary did not list, fail a cell whatever the listed ones say
+    for extra in ({"errors": 2}, {"divergence_count": 21}):
+        paths["report"].write_text(json.dumps(dict(report, speed=[dict(report["speed"][0], **extra)])))
+        assert exact.main(args + ["--exact-eps", str(below_ref + 0.01)]) == 1
+        assert capsys.readouterr().out.startswith("greedy-c1 dflash-weak: FAIL")
+
+
+@pytest.mark.parametrize("report_change, oracle_change, message", [
+    ({"speed": {}}, None, "not an e2e-runRUN.json of a speed run"),
+    ({"eps": None}, None, "not an e2e-runRUN.json of a speed run"),
+    ({"prompts": 2}, None, "not the same run"),
+    (None, {"prompts": [{"input_ids": [5, 6, 7], "ar_output_ids": [20, 21, 99, 23]}]}, "not the same run"),
+    (None, {"prompts": "x"}, "no list of prompts"),
+    (None, {"prompts": [{"input_ids": [5.5], "ar_output_ids": [20, 21, 22]}]}, "not as the runner writes it"),
+])
+def test_files_that_disagree_or_are_not_a_runs_are_one_line_and_exit_2(finished_run, capsys, report_change,
+                                                                       oracle_change, message):
+    args, report, paths, _ = finished_run
+    if report_change is not None:
+        changed = {k: v for k, v in dict(report, **report_change).items() if v is not None}
+        paths["report"].write_text(json.dumps(changed))
+    if oracle_change is not None:
+        paths["oracle"].write_text(json.dumps(oracle_change))
+    assert exact.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("exact: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_arguments_are_one_line_and_exit_2(finished_run, capsys, tmp_path):
+    args, _, paths, _ = finished_run
+    assert exact.main(args + ["--exact-eps", "nan"]) == 2
+    assert "expected a finite number of nats > 0" in capsys.readouterr().err
+    assert exact.main(["--models", str(tmp_path / "none")] + args[2:]) == 2
+    assert "missing, or not the tiny target" in capsys.readouterr().err
     paths["report"].write_text("{")
     assert exact.main(args) == 2
     assert capsys.readouterr().err.startswith("exact: error: JSONDecodeError")

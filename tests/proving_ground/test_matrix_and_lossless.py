@@ -91,22 +91,26 @@ def test_exact_tie_and_failure():
 def test_a_divergence_the_reference_calls_decisive_is_a_tie_where_the_exact_model_is_within_exact_eps():
     asked = []
 
-    def exact(prompt, prefix, a, b):
+    def exact(prompt, prefix, a, b):  # (how far a, then b, lie below the exact top-1)
         asked.append((prompt, list(prefix), a, b))
-        return {6: 0.2, 7: -0.2, 9: 0.3}[b]
+        return {6: (0.2, 0.0), 7: (0.0, 0.2), 8: (0.3, 0.2), 9: (0.0, 0.3)}[b]
 
     rule = lossless.TieRule(0.05, exact, exact_eps=0.25)
     ref, ref_top2 = [5, 5, 5], [top2(2.25)] * 3
     tie = lossless.check_request(3, ref, ref_top2, [5, 6], rule)
-    assert tie.tie and tie.exact_margin == pytest.approx(0.2) and asked == [(3, [5], 5, 6)]
-    assert lossless.check_request(3, ref, ref_top2, [5, 7], rule).tie  # the other way round, as close
+    assert tie.tie and tie.exact_below_top == (0.2, 0.0) and asked == [(3, [5], 5, 6)]
+    assert lossless.check_request(3, ref, ref_top2, [5, 7], rule).tie  # the reference's token is the top-1
+    # two tokens close to each other but both off the exact top-1, or one too far below it: no tie
+    assert not lossless.check_request(3, ref, ref_top2, [5, 8], rule).tie
     fail = lossless.check_request(3, ref, ref_top2, [5, 9], rule)
-    assert not fail.tie and fail.exact_margin == pytest.approx(0.3)
+    assert not fail.tie and fail.exact_below_top == (0.0, 0.3)
     # the reference's own tie needs no question; a short output has no token to ask about
     asked.clear()
     assert lossless.check_request(3, ref, [top2(3.0), top2(0.01), top2(3.0)], [5, 6], rule).tie
     short = lossless.check_request(3, ref, ref_top2, [5], rule)
-    assert not short.tie and short.exact_margin is None and asked == []
+    assert not short.tie and short.exact_below_top is None and asked == []
+    # exact_eps 0 (a matrix without it) never asks
+    assert not lossless.check_request(3, ref, ref_top2, [5, 6], lossless.TieRule(0.05, exact)).tie and asked == []
 
 
 def test_short_output_is_a_divergence():
