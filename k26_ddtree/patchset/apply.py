@@ -26,7 +26,7 @@ from k26_ddtree.patchset import importable, recovery, transaction
 from k26_ddtree.patchset.journal import Journal
 from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S
 from k26_ddtree.patchset.locate import Installation, locate
-from k26_ddtree.patchset.pins import PatchSet, load
+from k26_ddtree.patchset.pins import PatchSet, load, root_for
 from k26_ddtree.patchset.session import reading, session
 from k26_ddtree.patchset.status import (APPLIED, CHECK_EXIT, FOREIGN, INTERRUPTED, PARTIAL, PRISTINE, WRONG_VERSION,
                                         FileStatus, Status, inspect)
@@ -86,10 +86,19 @@ def _backup_steps(status: Status, files: list[FileStatus]) -> list[Step]:
     return found
 
 
+def _target(sglang_dir: str | Path | None, root: Path | None) -> tuple[Installation, PatchSet]:
+    """The installation and its patch set. A named patch set is checked whole before anything is
+    read from the site; without one, the installed version picks the shipped patch set."""
+    if root is not None:
+        patch_set = load(root)
+        return locate(sglang_dir), patch_set
+    installation = locate(sglang_dir)
+    return installation, load(root_for(installation.version))
+
+
 def apply(sglang_dir: str | Path | None = None, root: Path | None = None, dry_run: bool = False,
           out: Out = print, lock_timeout: float = DEFAULT_TIMEOUT_S) -> int:
-    patch_set = load(root)
-    installation = locate(sglang_dir)
+    installation, patch_set = _target(sglang_dir, root)
     if dry_run:
         return reading(installation.site, "apply --dry-run", lock_timeout, out,
                        lambda say: _dry_run_apply(inspect(installation, patch_set), say))
@@ -171,8 +180,7 @@ def _prune_backup_folders(installation: Installation) -> None:
 
 def revert(sglang_dir: str | Path | None = None, root: Path | None = None, dry_run: bool = False,
            out: Out = print, lock_timeout: float = DEFAULT_TIMEOUT_S) -> int:
-    patch_set = load(root)
-    installation = locate(sglang_dir)
+    installation, patch_set = _target(sglang_dir, root)
     if dry_run:
         return reading(installation.site, "apply --revert --dry-run", lock_timeout, out,
                        lambda say: _dry_run_revert(inspect(installation, patch_set), say))
@@ -210,8 +218,7 @@ def check(sglang_dir: str | Path | None = None, root: Path | None = None, out: O
     """Report the state, changing nothing; the exit code is CHECK_EXIT[state], except for an
     applied install whose Python lacks this k26_ddtree (1 when apply would add it, 2 when a
     different one is in the way) or that has stray staged files left (1: apply deletes them)."""
-    patch_set = load(root)
-    installation = locate(sglang_dir)
+    installation, patch_set = _target(sglang_dir, root)
     return reading(installation.site, "apply --check", lock_timeout, out,
                    lambda say: _check(inspect(installation, patch_set), say))
 

@@ -14,6 +14,8 @@ Patch the installed SGLang 0.5.11 with the k26-ddtree patch set, all or nothing.
 
 sglang is found without importing it (importlib's finder, or --sglang-dir), its
 version read from the sglang-*.dist-info beside it (else sglang/_version.py).
+The patch set is the shipped one for that version (patches/sglang-VERSION); a
+version without one is refused, naming the versions there are patch sets for.
 Every patched file is checked against pins.json: a different sglang version or
 any file that is neither the pinned original nor the pinned patched file is
 refused, naming the file, and nothing is changed. A file reached through a
@@ -87,7 +89,8 @@ def register(sub) -> None:
     mode.add_argument("--revert", action="store_true", help="restore and verify the original files")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (apply or --revert) and change nothing")
     parser.add_argument("--patch-set", metavar="DIR",
-                        help="a patch set directory other than the shipped patches/sglang-0.5.11")
+                        help="a patch set directory (default: the shipped patches/sglang-VERSION of the installed "
+                             "sglang; a version without one is refused, naming those there are)")
     parser.add_argument("--lock-timeout", metavar="SECONDS", type=_seconds, default=DEFAULT_TIMEOUT_S,
                         help="how long to wait while another command holds the site's lock "
                              f"(default {DEFAULT_TIMEOUT_S:g}, at most {MAX_TIMEOUT_S:g}; 0: refuse at once)")

@@ -32,6 +32,28 @@ def default_root() -> Path:
     return data_path("patches", f"sglang-{SGLANG_VERSION}")
 
 
+def _version_key(version: str) -> tuple:
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"[.+-]", version))
+
+
+def shipped_versions() -> list[str]:
+    """The SGLang versions with a shipped patch set (patches/sglang-VERSION/pins.json), oldest first."""
+    folders = data_path("patches").glob("sglang-*")
+    return sorted((f.name[len("sglang-"):] for f in folders if (f / PINS_FILE).is_file()), key=_version_key)
+
+
+def root_for(version: str) -> Path:
+    """The shipped patch set for an installed SGLang `version`; UserError naming the versions
+    there are patch sets for when it has none."""
+    root = data_path("patches", f"sglang-{version}")
+    if not (root / PINS_FILE).is_file():
+        known = ", ".join(shipped_versions()) or "none"
+        raise UserError(f"sglang {version} is installed and k26-ddtree has no patch set for it (it has patch sets "
+                        f"for sglang {known}); install one of those, or name a patch set with --patch-set; "
+                        "nothing changed")
+    return root
+
+
 def diff_name(rel: str) -> str:
     """The diff file name for a patched file: sglang/srt/server_args.py -> sglang.srt.server_args.diff."""
     stem = rel[:-3] if rel.endswith(".py") else rel

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.patchset import apply
+from k26_ddtree.patchset import apply, pins
 from k26_ddtree.patchset.journal import JOURNAL_NAME
 from k26_ddtree.patchset.locate import locate
 from k26_ddtree.hashing import sha256_file
@@ -104,6 +104,26 @@ def test_wrong_version_is_refused_by_every_mode(site, patch_set, snapshot):
     assert apply.check(site, patch_set, out=out) == 2
     assert f"state: {WRONG_VERSION}" in out.text
     assert snapshot(site) == before
+
+
+def test_a_version_without_a_shipped_patch_set_is_refused_naming_those_there_are(site, snapshot):
+    metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
+    metadata.write_text(metadata.read_text().replace("Version: 0.5.11", "Version: 0.5.17", 1))
+    before = snapshot(site)
+    for command in (apply.apply, apply.revert, apply.check):
+        with pytest.raises(UserError) as refused:
+            command(site, out=Lines())
+        message = str(refused.value)
+        assert "sglang 0.5.17 is installed and k26-ddtree has no patch set for it" in message, message
+        assert "patch sets for sglang 0.5.11)" in message and refused.value.code == 2
+    assert snapshot(site) == before
+    assert pins.shipped_versions() == ["0.5.11"]
+
+
+def test_the_installed_version_picks_its_shipped_patch_set(site):
+    out = Lines()
+    assert apply.check(site, out=out) == 1
+    assert f"patch set {pins.root_for('0.5.11')} (for sglang 0.5.11" in out.text
 
 
 def test_partial_state_is_reported_and_completed(site, synthetic_patch_set):
