@@ -98,9 +98,17 @@ class Repeat:
     errors: int
     started_epoch: float  # lines a repeat up with the card's clock log (run.sh K26_GPU_STATE)
     host_cpu: HostCpu | None = None
+    steady_tokens: float = 0.0  # steady_window(): tokens made while every slot was busy
+    steady_s: float = 0.0
 
     @property
     def tok_per_s(self) -> float:
+        """The rate with all `concurrency` slots busy: the serving rate at that concurrency."""
+        return self.steady_tokens / self.steady_s if self.steady_s > 0 else 0.0
+
+    @property
+    def whole_tok_s(self) -> float:
+        """The whole repeat's rate, the last requests' tail with fewer slots busy included."""
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
@@ -127,6 +135,8 @@ class CellResult:
             "max_tok_s": round(max(rates), 1) if rates else None,
             "repeat_seconds": [round(r.wall_s, 2) for r in self.repeats],
             "repeat_tok_s": [round(r.tok_per_s, 1) for r in self.repeats],
+            "repeat_steady_seconds": [round(r.steady_s, 2) for r in self.repeats],
+            "repeat_whole_tok_s": [round(r.whole_tok_s, 1) for r in self.repeats],
             "repeat_started": [round(r.started_epoch, 1) for r in self.repeats],
             "repeat_cpu_busy": [r.host_cpu.busy if r.host_cpu else None for r in self.repeats],
             "repeat_cpu_steal": [r.host_cpu.steal if r.host_cpu else None for r in self.repeats],
@@ -203,20 +213,39 @@ PLAN_MARGIN = 1.1
 
 
 def repeat_count(concurrency: int, fastest_tok_s: float, new_tokens: int, min_seconds: float) -> int:
-    """Requests per repeat: whole waves of `concurrency`, enough that the fastest server's repeat
-    lasts min_seconds."""
+    """Requests per repeat: whole waves of `concurrency`, enough that the fastest server's steady
+    window lasts min_seconds. That window ends when the first slot finds no request left, about
+    one wave before the repeat does, so above concurrency 1 a repeat holds one wave more."""
     waves = math.ceil(min_seconds * PLAN_MARGIN * max(fastest_tok_s, 1e-9) / (new_tokens * concurrency))
-    return concurrency * max(1, waves)
+    return concurrency * (max(1, waves) + (1 if concurrency > 1 else 0))
+
+
+def steady_window(spans: list[tuple[float, float, int]], window_end: float) -> tuple[float, float]:
+    """(tokens, seconds) of a closed loop from its start to `window_end`, the first moment a slot
+    found no request left: up to then every slot was busy. Each request (start, end, tokens)
+    counts by the share of its time inside the window, as if it made its tokens evenly. A single
+    wave's rate is otherwise its slowest request's: on the text pair one request of a wave of 16
+    needed 2-3 times the wave's mean steps (acceptance 1.3 to 8 per prompt), and AR, whose
+    requests all take the same steps, has no such tail."""
+    tokens = 0.0
+    for start, end, count in spans:
+        if end <= start:
+            tokens += count if end <= window_end else 0
+        else:
+            tokens += count * max(0.0, min(end, window_end) - start) / (end - start)
+    return tokens, max(0.0, window_end)
 
 
 def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int]):
     """The prompts of `order`, `concurrency` requests in flight (a closed loop: a finished
-    request's slot takes the next at once): (Repeat, [(prompt index, reply)])."""
+    request's slot takes the next at once): (Repeat, [(prompt index, reply)]). The Repeat's rate
+    is its steady window's (steady_window)."""
     lock = threading.Lock()
     queue = iter(order)
     started = time.time()
     cpu_before = cpu_times()
     start = time.perf_counter()
+    idle_at: list[float] = []  # when each slot found no request left
 
     def worker() -> list:
         mine = []
@@ -224,20 +253,26 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
             with lock:
                 index = next(queue, None)
             if index is None:
+                idle_at.append(time.perf_counter() - start)
                 return mine
+            begun = time.perf_counter() - start
             try:
-                mine.append((index, send(url, prompts[index], params)))
+                reply = send(url, prompts[index], params)
             except (OSError, ValueError, http.client.HTTPException) as err:
-                mine.append((index, {"error": f"{type(err).__name__}: {err}"}))
+                reply = {"error": f"{type(err).__name__}: {err}"}
+            mine.append((index, reply, begun, time.perf_counter() - start))
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        replies = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
+        done = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
     wall = time.perf_counter() - start
     cpu = host_cpu(cpu_before, cpu_times())
+    replies = [(index, reply) for index, reply, _, _ in done]
     ok = [r for _, r in replies if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
     steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
-    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu), replies
+    steady = steady_window([(begun, ended, len(reply.get("output_ids") or []) if "error" not in reply else 0)
+                            for _, reply, begun, ended in done], min(idle_at, default=wall))
+    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu, *steady), replies
 
 
 def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int],
@@ -310,7 +345,7 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
                         ((index, reply.get("output_ids") or []) for index, reply in replies if "error" not in reply),
                         reference, rule)
             r += 1
-            shortest = min(repeat.wall_s for _, repeat in done)
+            shortest = min(repeat.steady_s for _, repeat in done)
             if shortest < spec.min_seconds and not any(repeat.errors for _, repeat in done):
                 # The warm pass overrated the fastest server: this round is not kept, and the
                 # repeats grow so that it too lasts min_seconds.
@@ -363,7 +398,10 @@ def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, de
              f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), {prompts} prompts; each cell the "
              f"median of its interleaved repeats ({spec.repeats} planned; a run's deadline can cut a cell short, "
              f"and the cell's table says how many ran) of >= {spec.min_seconds} s inside one server start, "
-             f"every server's repeat r serving the same prompts. x{baseline}: the ratio of medians, with its 95 % "
+             f"every server's repeat r serving the same prompts. tok/s: the rate while all C slots are busy (a "
+             "repeat's requests counted by their share of time before the first slot runs out of requests; the "
+             "whole repeat's rate, its tail included, is in the JSON). "
+             f"x{baseline}: the ratio of medians, with its 95 % "
              "bootstrap interval over the rounds. TTFT and ITL (the gaps between streamed chunks): p50 / p99 ms of "
              "one streamed pass of max(C, 2) requests per cell, through `k26-deploy bench`'s client.", "",
              f"## x{baseline}", "",

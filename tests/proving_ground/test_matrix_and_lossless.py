@@ -250,8 +250,30 @@ def test_a_round_serves_every_server_the_same_whole_waves_long_enough_for_the_fa
     # 150 tok/s at 128 tokens a request: 3 s needs 3.5 requests, 3.9 with the plan's margin: so 4.
     count = speed.repeat_count(1, 150.0, 128, 3.0)
     assert count * 128 / 150.0 >= 3.0 and count == 4
-    assert speed.repeat_count(16, 1500.0, 128, 3.0) % 16 == 0
-    assert speed.repeat_count(4, 0.0, 128, 3.0) == 4, "no rate measured: one wave"
+    # above C=1 one wave more: the steady window ends about a wave before the repeat does
+    assert speed.repeat_count(16, 1500.0, 128, 3.0) == 16 * 4
+    assert speed.repeat_count(4, 0.0, 128, 3.0) == 8, "no rate measured: one wave, and the one more"
+
+
+def test_the_steady_window_counts_each_request_by_its_share_of_time_inside_it():
+    # two slots; the second slot's long request is still running when the first finds no request left
+    spans = [(0.0, 1.0, 10), (1.0, 2.0, 10), (2.0, 3.0, 10), (0.0, 4.0, 40)]
+    assert speed.steady_window(spans, 3.0) == (60.0, 3.0)  # 30 from the short ones, 3/4 of the long one
+    repeat = speed.Repeat(70, 4.0, 4, 0, 0, 0.0, None, *speed.steady_window(spans, 3.0))
+    assert repeat.tok_per_s == 20.0 and repeat.whole_tok_s == 17.5, "the tail's one busy slot left out"
+    assert speed.steady_window([(0.0, 2.0, 8), (0.0, 2.0, 8)], 2.0) == (16.0, 2.0), "one wave, equal lengths"
+    assert speed.steady_window([(1.0, 1.0, 5), (4.0, 4.0, 5)], 3.0) == (5.0, 3.0), "an instant reply counts whole"
+
+
+def test_a_repeat_reports_its_steady_window_and_the_whole(tmp_path):
+    replies = {0: 4, 1: 12, 2: 4, 3: 4}
+
+    def send(url, ids, params):
+        return {"output_ids": [1] * replies[ids[0]], "meta_info": {}}
+
+    repeat, got = speed.run_repeat(send, "http://unused", [[i] for i in range(4)], {}, 2, [0, 1, 2, 3])
+    assert sorted(index for index, _ in got) == [0, 1, 2, 3] and repeat.tokens == 24
+    assert 0 < repeat.steady_s <= repeat.wall_s and 0 < repeat.steady_tokens <= repeat.tokens
 
 
 def test_a_ratio_interval_from_one_table_pairs_repeats_by_round():
