@@ -126,13 +126,13 @@ def test_acceptance_and_gap_stats():
     assert stats["min"] == pytest.approx(1.0) and stats["count"] == 3
 
 
-BOX_RUNS = [f"{box}-{part}" for box in ("pcie-ep8", "nvlink-tp8-nvls") for part in "abcde"]
+BOX_RUNS = [f"{box}-{part}" for box in ("pcie-ep8", "nvlink-tp8-nvls") for part in "abcdefg"]
 
 
 def test_an_emulated_box_table_is_one_server_set_over_chained_runs_with_an_aa_pair():
     spec = matrix.load(MATRIX)
     for box in ("pcie-ep8", "nvlink-tp8-nvls"):
-        runs = [f"{box}-{part}" for part in "abcde"]
+        runs = [f"{box}-{part}" for part in "abcdefg"]
         servers = {tuple(spec["runs"][run]) for run in runs}
         assert len(servers) == 1, "each call reuses the servers the previous one kept"
         names = servers.pop()
@@ -142,6 +142,9 @@ def test_an_emulated_box_table_is_one_server_set_over_chained_runs_with_an_aa_pa
         assert sorted(cells) == sorted(["greedy-c1", "greedy-c4", "greedy-c16", "greedy-c64", "greedy-c128",
                                         "sample-c16"])
         assert {spec["run_settings"][run]["prompts"] for run in runs} == {64}
+        assert all(len(spec["speed"]["run_cells"][run]) == 1 for run in runs[1:]), "one cell a call"
+        big = {run for run in runs[1:] if spec["speed"]["run_cells"][run][0] in ("greedy-c64", "greedy-c128")}
+        assert {run: spec["run_settings"][run]["new_tokens"] for run in big} == dict.fromkeys(big, 64)
 
 
 def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
