@@ -98,7 +98,7 @@ class Repeat:
     errors: int
     started_epoch: float  # lines a repeat up with the card's clock log (run.sh K26_GPU_STATE)
     host_cpu: HostCpu | None = None
-    steady_tokens: float = 0.0  # steady_window(): tokens made while every slot was busy
+    steady_tokens: float = 0.0  # steady_window(): the tokens it credits to the time every slot was busy
     steady_s: float = 0.0
 
     @property
@@ -212,21 +212,33 @@ def repeat_order(n_prompts: int, count: int, r: int) -> list[int]:
 PLAN_MARGIN = 1.1
 
 
+def tail_waves(concurrency: int) -> int:
+    """The waves a repeat holds beyond its steady window: its last one, above concurrency 1."""
+    return 1 if concurrency > 1 else 0
+
+
 def repeat_count(concurrency: int, fastest_tok_s: float, new_tokens: int, min_seconds: float) -> int:
     """Requests per repeat: whole waves of `concurrency`, enough that the fastest server's steady
-    window lasts min_seconds. That window ends when the first slot finds no request left, about
-    one wave before the repeat does, so above concurrency 1 a repeat holds one wave more."""
+    window (steady_window) lasts min_seconds, and the tail's wave."""
     waves = math.ceil(min_seconds * PLAN_MARGIN * max(fastest_tok_s, 1e-9) / (new_tokens * concurrency))
-    return concurrency * (max(1, waves) + (1 if concurrency > 1 else 0))
+    return concurrency * (max(1, waves) + tail_waves(concurrency))
+
+
+def regrown_count(count: int, concurrency: int, min_seconds: float, shortest_steady_s: float) -> int:
+    """Requests per repeat after a round whose shortest steady window was shortest_steady_s: the
+    steady waves grown in proportion, the tail's wave kept as it is."""
+    steady_waves = count // concurrency - tail_waves(concurrency)
+    grown = math.ceil(max(1, steady_waves) * min_seconds * PLAN_MARGIN / max(shortest_steady_s, 1e-9))
+    return concurrency * (grown + tail_waves(concurrency))
 
 
 def steady_window(spans: list[tuple[float, float, int]], window_end: float) -> tuple[float, float]:
     """(tokens, seconds) of a closed loop from its start to `window_end`, the first moment a slot
-    found no request left: up to then every slot was busy. Each request (start, end, tokens)
-    counts by the share of its time inside the window, as if it made its tokens evenly. A single
-    wave's rate is otherwise its slowest request's: on the text pair one request of a wave of 16
-    needed 2-3 times the wave's mean steps (acceptance 1.3 to 8 per prompt), and AR, whose
-    requests all take the same steps, has no such tail."""
+    found no request left: up to then every slot was busy, as a server at that concurrency is.
+    After it the batch thins out at the speed of the slowest requests, and a speculative server's
+    requests differ in steps where AR's do not. Each request (start, end, tokens) counts by the
+    share of its time inside the window, as if it made its tokens evenly: its prefill is spread
+    too, which credits a request the window cuts a little early."""
     tokens = 0.0
     for start, end, count in spans:
         if end <= start:
@@ -239,7 +251,9 @@ def steady_window(spans: list[tuple[float, float, int]], window_end: float) -> t
 def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int]):
     """The prompts of `order`, `concurrency` requests in flight (a closed loop: a finished
     request's slot takes the next at once): (Repeat, [(prompt index, reply)]). The Repeat's rate
-    is its steady window's (steady_window)."""
+    is its steady window's (steady_window), so `order` holds at least one request per slot."""
+    if len(order) < concurrency:
+        raise ValueError(f"a repeat of {len(order)} requests cannot keep {concurrency} slots busy")
     lock = threading.Lock()
     queue = iter(order)
     started = time.time()
@@ -250,12 +264,12 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
     def worker() -> list:
         mine = []
         while True:
-            with lock:
+            with lock:  # stamped under the lock: no slot's idle time comes before a request taken earlier
                 index = next(queue, None)
-            if index is None:
-                idle_at.append(time.perf_counter() - start)
-                return mine
-            begun = time.perf_counter() - start
+                if index is None:
+                    idle_at.append(time.perf_counter() - start)
+                    return mine
+                begun = time.perf_counter() - start
             try:
                 reply = send(url, prompts[index], params)
             except (OSError, ValueError, http.client.HTTPException) as err:
@@ -263,16 +277,18 @@ def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, con
             mine.append((index, reply, begun, time.perf_counter() - start))
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        done = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
+        finished = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
     wall = time.perf_counter() - start
     cpu = host_cpu(cpu_before, cpu_times())
-    replies = [(index, reply) for index, reply, _, _ in done]
+    replies = [(index, reply) for index, reply, _, _ in finished]
     ok = [r for _, r in replies if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
     steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
-    steady = steady_window([(begun, ended, len(reply.get("output_ids") or []) if "error" not in reply else 0)
-                            for _, reply, begun, ended in done], min(idle_at, default=wall))
-    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu, *steady), replies
+    steady_tokens, steady_s = steady_window(
+        [(begun, ended, len(reply.get("output_ids") or []) if "error" not in reply else 0)
+         for _, reply, begun, ended in finished], min(idle_at, default=wall))
+    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu,
+                  steady_tokens=steady_tokens, steady_s=steady_s), replies
 
 
 def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int],
@@ -350,7 +366,7 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
                 # The warm pass overrated the fastest server: this round is not kept, and the
                 # repeats grow so that it too lasts min_seconds.
                 before = count
-                count = concurrency * math.ceil(count * spec.min_seconds * PLAN_MARGIN / shortest / concurrency)
+                count = regrown_count(count, concurrency, spec.min_seconds, shortest)
                 slowest_s *= count / before
                 grown.append(f"{before}->{count}")
                 continue

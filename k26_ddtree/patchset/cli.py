@@ -1,4 +1,4 @@
-"""`k26-deploy apply`: patch the installed SGLang 0.5.11 with the DDTree patch set, check it, or revert it."""
+"""`k26-deploy apply`: patch the installed SGLang with its DDTree patch set, check it, or revert it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import argparse
 from k26_ddtree.cli.checks import path_arg
 from k26_ddtree.patchset.lock import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
-HELP = "patch the installed SGLang 0.5.11 with DDTree (or --check / --revert)"
+HELP = "patch the installed SGLang with DDTree (or --check / --revert)"
 
 DESCRIPTION = """\
-Patch the installed SGLang 0.5.11 with the k26-ddtree patch set, all or nothing.
+Patch the installed SGLang with its k26-ddtree patch set, all or nothing.
 
 sglang is found without importing it (importlib's finder, or --sglang-dir), its
 version read from the sglang-*.dist-info beside it (else sglang/_version.py).
@@ -20,7 +20,7 @@ Every patched file is checked against pins.json: a different sglang version or
 any file that is neither the pinned original nor the pinned patched file is
 refused, naming the file, and nothing is changed. A file reached through a
 symlink is refused too (apply replaces regular files only). Originals are kept
-under <site>/.k26-ddtree-backup/sglang-0.5.11/. Running apply on a patched
+under <site>/.k26-ddtree-backup/sglang-VERSION/. Running apply on a patched
 install says "already applied" and exits 0.
 
 apply and --revert are each one transaction over the sglang files, the backups
@@ -58,8 +58,9 @@ EPILOG = """\
   1  also: an interrupted transaction was found (state: interrupted), or stray
      staged files are left; apply or --revert rolls it back / deletes them first
   2  apply would refuse: a file is foreign-modified, missing, a symlink or not a
-     regular file, sglang is not 0.5.11, or a different k26_ddtree is importable
-     there (also for a bad --sglang-dir, pins.json or journal)
+     regular file, sglang is not the patch set's version or has none, or a
+     different k26_ddtree is importable there (also for a bad --sglang-dir,
+     pins.json or journal)
 
 apply and --revert exit 0 on success (also when there was nothing to do), 2 when
 they refuse (nothing changed), 1 when writing failed (rolled back: the message says

@@ -33,7 +33,9 @@ def default_root() -> Path:
 
 
 def _version_key(version: str) -> tuple:
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"[.+-]", version))
+    """Numbers as numbers, anything else after them as text: sorts any two version strings."""
+    return tuple((0, int(part), "") if part.isascii() and part.isdigit() else (1, 0, part)
+                 for part in re.split(r"[.+-]", version))
 
 
 def shipped_versions() -> list[str]:
@@ -45,12 +47,16 @@ def shipped_versions() -> list[str]:
 def root_for(version: str) -> Path:
     """The shipped patch set for an installed SGLang `version`; UserError naming the versions
     there are patch sets for when it has none."""
-    root = data_path("patches", f"sglang-{version}")
+    try:
+        validate.version(version, "the installed sglang version")
+    except validate.Invalid as err:
+        raise UserError(f"{err}; nothing changed") from None
+    root = data_path("patches") / f"sglang-{version}"
     if not (root / PINS_FILE).is_file():
-        known = ", ".join(shipped_versions()) or "none"
-        raise UserError(f"sglang {version} is installed and k26-ddtree has no patch set for it (it has patch sets "
-                        f"for sglang {known}); install one of those, or name a patch set with --patch-set; "
-                        "nothing changed")
+        known = shipped_versions()
+        has = f"it has patch sets for sglang {', '.join(known)}" if known else "it has none"
+        raise UserError(f"sglang {version} is installed and k26-ddtree has no patch set for it ({has}); install "
+                        "one of those, or name a patch set with --patch-set; nothing changed")
     return root
 
 

@@ -277,6 +277,14 @@ def test_a_repeat_reports_its_steady_window_and_the_whole(tmp_path):
     repeat, got = speed.run_repeat(send, "http://unused", [[i] for i in range(4)], {}, 2, [0, 1, 2, 3])
     assert sorted(index for index, _ in got) == [0, 1, 2, 3] and repeat.tokens == 24
     assert 0 < repeat.steady_s <= repeat.wall_s and 0 < repeat.steady_tokens <= repeat.tokens
+    with pytest.raises(ValueError, match="cannot keep 4 slots busy"):
+        speed.run_repeat(send, "http://unused", [[i] for i in range(4)], {}, 4, [0, 1])
+
+
+def test_a_short_round_grows_the_steady_waves_and_keeps_the_tails():
+    # 2 steady waves of 16 and the tail's; the shortest window was 2 s of the 3 s asked: 3.3 waves
+    assert speed.regrown_count(48, 16, 3.0, 2.0) == 16 * (4 + 1)
+    assert speed.regrown_count(4, 1, 3.0, 2.0) == 7, "C=1 has no tail wave: 4 x 1.5 x the margin 1.1 = 6.6"
 
 
 def test_a_ratio_interval_from_one_table_pairs_repeats_by_round():
