@@ -126,9 +126,7 @@ def encode_corpus(tok, lines: list[str]) -> torch.Tensor:
 
 
 def sample_windows(data: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    """[batch, length + 1] windows of a token stream [n], or [batch, L] rows of sequences [N, L]."""
-    if data.dim() == 2:
-        return data[torch.randint(0, data.shape[0], (batch,), generator=gen)]
+    """[batch, length + 1] windows of a token stream [n]."""
     starts = torch.randint(0, data.numel() - length - 1, (batch,), generator=gen)
     return torch.stack([data[s:s + length + 1] for s in starts.tolist()])
 
@@ -270,7 +268,7 @@ def drafter_report(target, drafter, greedy_seqs, prompt_lens) -> dict:
 
 def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, prompt_lens, knobs: Knobs,
                   goals: dict[str, float], stop_at_goals: bool = False) -> tuple[dict, dict]:
-    """Train until simulated acceptance stops improving (or, stop_at_goals, every goal is reached),
+    """Train on sequences data [N, L] until simulated acceptance stops improving (or, stop_at_goals, every goal is reached),
     keeping a copy of the weights where linear DFlash first accepts each goal: (report,
     {goal name: (state_dict, step)}); a goal never reached is absent."""
     opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
@@ -278,7 +276,7 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
     step, best, loss = 0, 0.0, float("nan")
     snapshots: dict[str, tuple[dict, int]] = {}
     while time.time() < deadline:
-        windows = sample_windows(data, knobs.draft_batch, knobs.seq_len, gen).to(device)
+        windows = data[torch.randint(0, data.shape[0], (knobs.draft_batch,), generator=gen)].to(device)
         logits, labels = draft_batch(target, drafter, windows)
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         optimizer_step(opt, loss_t, drafter)
@@ -302,10 +300,10 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
     return {"steps": step, "final_loss": loss}, snapshots
 
 
-def new_drafter(config: dict, seed: int, device):
-    drafter = tinymodel.TinyDFlashDrafter(config)
+def new_drafter(seed: int, device):
+    drafter = tinymodel.TinyDFlashDrafter(tinymodel.DRAFT_CONFIG)
     tinymodel.init_weights(drafter, seed)
-    tinymodel.out_proj_scale(drafter, config["num_hidden_layers"])
+    tinymodel.out_proj_scale(drafter, tinymodel.DRAFT_CONFIG["num_hidden_layers"])
     return drafter.to(device)
 
 
@@ -329,12 +327,12 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name() if device.type == "cuda" else str(device)
 
 
-def save_drafter(drafter, config: dict, tok, out_dir: Path) -> None:
+def save_drafter(drafter, tok, out_dir: Path) -> None:
     """Checkpoint and tokenizer, written beside `out_dir` and moved into place: a run stopped
     half-way leaves no drafter folder a server would load."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tinymodel.save_checkpoint(drafter, config, tmp)
+    tinymodel.save_checkpoint(drafter, tinymodel.DRAFT_CONFIG, tmp)
     tokenizer.save_tokenizer(tok, tmp, tinymodel.MAX_POSITIONS)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.replace(out_dir)
@@ -407,20 +405,14 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     served = prompts[:pair["served"]]
     prompt_lens = [len(p) for p in served]
     greedy, _ = greedy_continuations(target, served, knobs.report_new_tokens, device)
-    seed = pair["seed"]
-    distilled = distill_set(target, data, seed, knobs, device)
-    drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
-    info, snapshots = train_drafter(target, drafter, distilled, device, seed, t0 + time_budget, greedy, prompt_lens,
-                                    knobs, {name: GOAL_DRAFTERS[name].goal}, stop_at_goals=True)
-    state, step = snapshots.get(name, (drafter.state_dict(), None))
-    drafter.load_state_dict(state)
-    drafter.eval()
-    info.update(goal_report(name, drafter, step, target, greedy, prompt_lens))
-    info.update(seconds=round(time.time() - t0, 1), device=device_name(device), torch=torch.__version__)
+    _, info, goals = trained_drafters(target, data, greedy, prompt_lens, pair["seed"], t0 + time_budget, device,
+                                      knobs, [name], stop_at_goals=True)
+    drafter, goal_info = goals[name]
+    info.update(goal_info, seconds=round(time.time() - t0, 1), device=device_name(device), torch=torch.__version__)
     log(f"{name} drafter done: {info}")
     reports["acceptance.json"][name] = drafter_report(target, drafter, greedy, prompt_lens)
     reports["train_report.json"][f"drafter_{name}"] = info
-    save_drafter(drafter, tinymodel.DRAFT_CONFIG, tok, out / DRAFTER_DIRS[name])
+    save_drafter(drafter, tok, out / DRAFTER_DIRS[name])
     for file, doc in reports.items():
         atomic.write_text(out / file, json.dumps(doc, indent=1) + "\n")
     return info
@@ -455,38 +447,48 @@ def distill_set(target, data: torch.Tensor, seed: int, knobs: Knobs, device) -> 
     return torch.tensor(seqs, device=device)
 
 
-def make_drafters(target, data: torch.Tensor, served: list[list[int]], greedy: list[list[int]],
-                  seed: int, deadline: float, device, knobs: Knobs) -> tuple[dict, dict]:
-    """The drafter trained on the target's own continuations until the deadline or until
-    its acceptance stops improving ("real"), and each goal drafter: its weights where that training
-    first reached the goal; greedy: the served prompts' continuations, which judge them.
-    (drafters {name: (module, config)}, their reports)."""
+def trained_drafters(target, data: torch.Tensor, greedy: list[list[int]], prompt_lens: list[int], seed: int,
+                     deadline: float, device, knobs: Knobs, names: list[str], stop_at_goals: bool = False):
+    """One drafter training on the target's own continuations of the text, and the goal drafters
+    `names` taken from it, each judged over the served prompts' continuations `greedy`:
+    (the trained drafter, its training report, {name: (goal drafter, its goal_report)})."""
     distilled = distill_set(target, data, seed, knobs, device)
     log(f"distilled {tuple(distilled.shape)} sequences")
-    prompt_lens = [len(p) for p in served]
-    drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device).train()
-    info, snapshots = train_drafter(target, drafter, distilled, device, seed, deadline, greedy,
-                                    prompt_lens, knobs, {name: spec.goal for name, spec in GOAL_DRAFTERS.items()})
+    drafter = new_drafter(seed + 1, device).train()
+    info, snapshots = train_drafter(target, drafter, distilled, device, seed, deadline, greedy, prompt_lens, knobs,
+                                    {name: GOAL_DRAFTERS[name].goal for name in names}, stop_at_goals)
     drafter.eval()
-    info["simulated_accept_length"] = linear_acceptance(target, drafter, greedy, prompt_lens)
-    reports = {"drafter": dict(info, distilled=list(distilled.shape))}
-    log(f"drafter done: {reports['drafter']}")
-    drafters = {"real": (drafter, tinymodel.DRAFT_CONFIG)}
-    for name in GOAL_DRAFTERS:
+    info["distilled"] = list(distilled.shape)
+    goals = {}
+    for name in names:
         state, step = snapshots.get(name, (drafter.state_dict(), None))
-        goal_drafter = new_drafter(tinymodel.DRAFT_CONFIG, seed + 1, device)
+        goal_drafter = new_drafter(seed + 1, device)
         goal_drafter.load_state_dict(state)
         goal_drafter.eval()
-        reports[f"drafter_{name}"] = goal_report(name, goal_drafter, step, target, greedy, prompt_lens)
-        log(f"{name} drafter: {reports[f'drafter_{name}']}")
-        drafters[name] = (goal_drafter, tinymodel.DRAFT_CONFIG)
-    acceptance = {name: drafter_report(target, d, greedy, prompt_lens) for name, (d, _) in drafters.items()}
+        goals[name] = (goal_drafter, goal_report(name, goal_drafter, step, target, greedy, prompt_lens))
+        log(f"{name} drafter: {goals[name][1]}")
+    return drafter, info, goals
+
+
+def make_drafters(target, data: torch.Tensor, served: list[list[int]], greedy: list[list[int]],
+                  seed: int, deadline: float, device, knobs: Knobs) -> tuple[dict, dict]:
+    """The drafter trained until the deadline or until its acceptance stops improving ("real"),
+    and every goal drafter taken from that training; greedy: the served prompts' continuations,
+    which judge them. (drafters {name: module}, their reports)."""
+    prompt_lens = [len(p) for p in served]
+    drafter, info, goals = trained_drafters(target, data, greedy, prompt_lens, seed, deadline, device, knobs,
+                                            list(GOAL_DRAFTERS))
+    info["simulated_accept_length"] = linear_acceptance(target, drafter, greedy, prompt_lens)
+    log(f"drafter done: {info}")
+    reports = {"drafter": info} | {f"drafter_{name}": report for name, (_, report) in goals.items()}
+    drafters = {"real": drafter} | {name: d for name, (d, _) in goals.items()}
+    acceptance = {name: drafter_report(target, d, greedy, prompt_lens) for name, d in drafters.items()}
     return drafters, {"reports": reports, "acceptance": acceptance}
 
 
 def save_drafters(out: Path, drafters: dict, tok, acceptance: dict, knobs: Knobs) -> None:
-    for name, (d, config) in drafters.items():
-        save_drafter(d, config, tok, out / DRAFTER_DIRS[name])
+    for name, d in drafters.items():
+        save_drafter(d, tok, out / DRAFTER_DIRS[name])
     atomic.write_text(out / "acceptance.json", json.dumps(
         {"note": ACCEPTANCE_NOTE.format(prompts=knobs.served, tokens=knobs.report_new_tokens), **acceptance},
         indent=1) + "\n")

@@ -50,9 +50,12 @@ CHECK_PID=
 # newly carried archive replaces what an earlier call left on a warm machine.
 MODEL_SHA=trained
 if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1); fi
+# What the models folder must hold: the carried pair, or with K26_REDRAFT=1 that pair's target and
+# drafters trained anew against it, which a warm machine keeps for later K26_REDRAFT=1 calls.
+WANT_MODEL=$MODEL_SHA
+if [ "${K26_REDRAFT:-0}" = 1 ]; then WANT_MODEL="$MODEL_SHA redrafted"; fi
 HAVE_MODEL=$(cat "$K/models/.k26-model" 2>/dev/null)
-# A warm machine's redrafted pair is what a later K26_REDRAFT=1 call asks for: it is kept.
-if [ -f "$K/models/train_report.json" ] && { [ "$HAVE_MODEL" = "$MODEL_SHA" ] || { [ "${K26_REDRAFT:-0}" = 1 ] && [ "$HAVE_MODEL" = "$MODEL_SHA redrafted" ]; }; }; then
+if [ -f "$K/models/train_report.json" ] && { [ "$HAVE_MODEL" = "$WANT_MODEL" ] || [ "$HAVE_MODEL" = "$MODEL_SHA" ]; }; then
   step "model pairs already here (warm machine)"
 elif [ -f "$G/model.tar.xz" ]; then
   step "unpack the model pairs"; rm -rf "$K/models"; mkdir -p "$K/models"
@@ -69,12 +72,12 @@ else
   tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
   echo trained > "$K/models/.k26-model"
 fi
-if [ "${K26_REDRAFT:-0}" = 1 ] && [ "$(cat "$K/models/.k26-model")" != "$MODEL_SHA redrafted" ]; then
+if [ "$(cat "$K/models/.k26-model")" != "$WANT_MODEL" ]; then
   # Every drafter trained anew against the pair's target (train --redraft); the archive comes back.
   step "redraft: every drafter trained anew against the carried target"
   python3 -m proving_ground.train --out "$K/models" --redraft --time-budget "${K26_TRAIN_BUDGET:-150}" || exit 1
   tar -C "$K/models" --exclude=.k26-model -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
-  echo "$MODEL_SHA redrafted" > "$K/models/.k26-model"
+  echo "$WANT_MODEL" > "$K/models/.k26-model"
 fi
 if [ -z "$CHECK_PID" ] && [ "${K26_GRAPH_CHECK:-0}" = 1 ]; then
   # Asked for beside a run that does not train: checked while the servers start, reported at the end.

@@ -19,8 +19,8 @@ from proving_ground.e2e.extras import named_schedules, profile_server, run_bench
 from proving_ground.e2e.report import capture_seconds, fatal_lines, gpu_name, overall, write_outputs
 from proving_ground.e2e.reuse import fingerprint, oracle_agreement, patched_site, read_state, write_oracle
 from proving_ground.e2e.servers import (
-    get_json, in_parallel, log_tail, MemorySampler, NO_MEMORY, post_json, SAFE_ENV, say, Server, Stagger,
-    stop, wait_ready, warm_sampling,
+    get_json, in_parallel, LOAD_LINES_BYTES, log_head, log_tail, MemorySampler, NO_MEMORY, post_json, SAFE_ENV, say,
+    Server, Stagger, stop, wait_ready, warm_sampling,
 )
 from proving_ground.e2e.workloads import cell_record, MIN_WORKLOAD_S, run_workload
 from proving_ground.emulator.folder import EMULATOR_LOG_MARK, emulation, EXTERNAL_PACKAGE, EXTERNAL_PACKAGE_ENV
@@ -170,7 +170,7 @@ class MatrixRun:
             t.join(timeout=max(1.0, self.time_left() - MIN_WORKLOAD_S))
         if self.emulated:
             for server in self.servers:
-                if server.status == "ready" and EMULATOR_LOG_MARK not in server.log.read_text(errors="replace"):
+                if server.status == "ready" and EMULATOR_LOG_MARK not in log_head(server.log, LOAD_LINES_BYTES):
                     server.status = f"failed: serves the plain target (no {EMULATOR_LOG_MARK!r} line in its log)"
         reused = [s.spec.name for s in self.servers if s.reused]
         say(f"servers ready: {sum(s.status == 'ready' for s in self.servers)}; reused from an earlier run: "

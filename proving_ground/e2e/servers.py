@@ -119,6 +119,19 @@ def in_parallel(calls) -> None:
         t.join()
 
 
+# A server logs its model's load within its first lines; the rest of a long log is requests.
+LOAD_LINES_BYTES = 4 << 20
+
+
+def log_head(path: Path, max_bytes: int) -> str:
+    """The first max_bytes of a log ("" where there is none)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(max_bytes).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def log_tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
