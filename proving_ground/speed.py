@@ -2,17 +2,21 @@
 
 A speed table compares servers that all run on one GPU during one run.
 Per cell (concurrency, temperature) every server first makes one streamed pass
-(untimed for the table; its TTFT and ITL are the cell's latencies). The fastest
-server's rate in that pass sets a repeat's size: whole waves of `concurrency`
-requests, enough that even the fastest server's repeat lasts `min_seconds`.
-Round r gives every server the same prompts (repeat_order), `concurrency` in
-flight (a closed loop: a finished request's slot takes the next at once), so
-prompts of different difficulty weigh the same for all servers. Rounds run
-every server once, the order rotated by r; a round the deadline leaves no time
-for is not started, so a drift of the machine during the cell shifts every
-server alike and the ratios stay fair. Each cell reports the median, min and
-max tok/s over its repeats and its acceptance; every greedy output is also
-checked against the AR reference (lossless).
+(untimed for the table; its TTFT and ITL are the cell's latencies). A repeat
+then keeps `concurrency` requests in flight (a closed loop: a finished
+request's slot takes the next prompt at once) for `min_seconds`, and aborts the
+requests still running: its rate is every token its requests made over the
+time from its first request to its last reply, all of which had every slot
+busy. A speculative request's steps depend on its prompt, so a repeat that
+waited for its last requests would end on a thinning batch that AR's
+equal-length requests never see. Round r gives every server the same prompts in
+the same order (each server takes as many as its speed allows), so prompts of
+different difficulty weigh the same for all servers. Rounds run every server
+once, the order rotated by r; a round the deadline leaves no time for is not
+started, so a drift of the machine during the cell shifts every server alike
+and the ratios stay fair. Each cell reports the median, min and max tok/s over
+its repeats and its acceptance; every greedy output, an aborted one up to
+where it stopped, is also checked against the AR reference (lossless).
 
 Only one workload is on the GPU at a time: the runner calls measure() once
 everything else is done.
@@ -22,12 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import math
 import random
 import statistics
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -92,23 +96,18 @@ def host_cpu(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> H
 @dataclass
 class Repeat:
     tokens: int
-    wall_s: float
+    wall_s: float  # from the first request to the last reply
     requests: int
+    cut: int  # requests the repeat's end aborted
     verify_steps: int
     errors: int
     started_epoch: float  # lines a repeat up with the card's clock log (run.sh K26_GPU_STATE)
     host_cpu: HostCpu | None = None
-    steady_tokens: float = 0.0  # steady_window(): the tokens it credits to the time every slot was busy
-    steady_s: float = 0.0
+    late: int = 0  # requests still running DRAIN_LIMIT_S after the abort: the rate is left out
 
     @property
     def tok_per_s(self) -> float:
         """The rate with all `concurrency` slots busy: the serving rate at that concurrency."""
-        return self.steady_tokens / self.steady_s if self.steady_s > 0 else 0.0
-
-    @property
-    def whole_tok_s(self) -> float:
-        """The whole repeat's rate, the last requests' tail with fewer slots busy included."""
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
@@ -121,10 +120,9 @@ class CellResult:
     checked: bool = False  # greedy outputs compared with the AR reference
     note: str = ""
     latency: dict | None = None  # latency_pass() of the cell's warm pass
-    regrown: list[str] = field(default_factory=list)  # "before->after" requests of each round not kept
 
     def summary(self, speculative: bool) -> dict:
-        rates = [r.tok_per_s for r in self.repeats if not r.errors]
+        rates = [r.tok_per_s for r in self.repeats if not r.errors and not r.late]
         tokens = sum(r.tokens for r in self.repeats)
         steps = sum(r.verify_steps for r in self.repeats)
         errors = sum(r.errors for r in self.repeats)
@@ -135,12 +133,12 @@ class CellResult:
             "max_tok_s": round(max(rates), 1) if rates else None,
             "repeat_seconds": [round(r.wall_s, 2) for r in self.repeats],
             "repeat_tok_s": [round(r.tok_per_s, 1) for r in self.repeats],
-            "repeat_steady_seconds": [round(r.steady_s, 2) for r in self.repeats],
-            "repeat_whole_tok_s": [round(r.whole_tok_s, 1) for r in self.repeats],
+            "repeat_requests": [r.requests for r in self.repeats],
+            "repeat_cut": [r.cut for r in self.repeats],
+            "repeat_late": [r.late for r in self.repeats],
             "repeat_started": [round(r.started_epoch, 1) for r in self.repeats],
             "repeat_cpu_busy": [r.host_cpu.busy if r.host_cpu else None for r in self.repeats],
             "repeat_cpu_steal": [r.host_cpu.steal if r.host_cpu else None for r in self.repeats],
-            "requests_per_repeat": self.repeats[-1].requests if self.repeats else 0,
             "accept_length": round(tokens / steps, 3) if speculative and steps else None,
             "errors": errors,
             "verdict": ("FAIL" if errors else lossless.verdict(self.divergences)) if self.checked else ("FAIL" if errors else "completed"),
@@ -148,8 +146,6 @@ class CellResult:
             "divergence_count": len(self.divergences),
             "stopped_early": lossless.stops(self.divergences),
             "latency": self.latency,
-            "rounds_not_kept": [f"shorter than min_seconds; requests per repeat {grown}"
-                                for grown in self.regrown],
             "note": self.note,
         }
 
@@ -183,7 +179,8 @@ def ratio_interval(top: dict, bottom: dict) -> list[float] | None:
 
 
 
-Send = Callable[[str, list[int], dict], dict]
+Send = Callable[[str, list[int], dict, str], dict]  # (server url, input ids, sampling params, rid) -> reply
+Abort = Callable[[str, str], None]  # (server url, rid): asks the server to end that request
 
 
 class Measured(Protocol):
@@ -201,94 +198,93 @@ def sampling_params(cell: dict, new_tokens: int) -> dict:
     return params
 
 
-def repeat_order(n_prompts: int, count: int, r: int) -> list[int]:
-    """Round r's prompts: `count` of them in order from r·count (cycling), the same for every
-    server of the round, so every server's repeat r serves the same text."""
-    return [(r * count + i) % n_prompts for i in range(count)]
+def repeat_order(n_prompts: int, count: int, first: int) -> list[int]:
+    """`count` prompts in order from `first`, cycling."""
+    return [(first + i) % n_prompts for i in range(count)]
 
 
-# The fastest server's repeat is planned this much longer than min_seconds: its warm pass, which
-# sets the plan, streams and so runs slightly slower than the timed repeats.
-PLAN_MARGIN = 1.1
+# While a repeat's aborted requests are still running, the aborts of those still in flight are
+# sent again this often: an abort that reaches the server before its request is dropped there.
+ABORT_AGAIN_S = 0.25
+# An aborted request ends within one or two steps; one still running this long after the first
+# abort is counted an error (its thin tail is in the repeat's time).
+DRAIN_LIMIT_S = 10.0
 
 
-def tail_waves(concurrency: int) -> int:
-    """The waves a repeat holds beyond its steady window: its last one, above concurrency 1."""
-    return 1 if concurrency > 1 else 0
-
-
-def repeat_count(concurrency: int, fastest_tok_s: float, new_tokens: int, min_seconds: float) -> int:
-    """Requests per repeat: whole waves of `concurrency`, enough that the fastest server's steady
-    window (steady_window) lasts min_seconds, and the tail's wave."""
-    waves = math.ceil(min_seconds * PLAN_MARGIN * max(fastest_tok_s, 1e-9) / (new_tokens * concurrency))
-    return concurrency * (max(1, waves) + tail_waves(concurrency))
-
-
-def regrown_count(count: int, concurrency: int, min_seconds: float, shortest_steady_s: float) -> int:
-    """Requests per repeat after a round whose shortest steady window was shortest_steady_s: the
-    steady waves grown in proportion, the tail's wave kept as it is."""
-    steady_waves = count // concurrency - tail_waves(concurrency)
-    grown = math.ceil(max(1, steady_waves) * min_seconds * PLAN_MARGIN / max(shortest_steady_s, 1e-9))
-    return concurrency * (grown + tail_waves(concurrency))
-
-
-def steady_window(spans: list[tuple[float, float, int]], window_end: float) -> tuple[float, float]:
-    """(tokens, seconds) of a closed loop from its start to `window_end`, the first moment a slot
-    found no request left: up to then every slot was busy, as a server at that concurrency is.
-    After it the batch thins out at the speed of the slowest requests, and a speculative server's
-    requests differ in steps where AR's do not. Each request (start, end, tokens) counts by the
-    share of its time inside the window, as if it made its tokens evenly: its prefill is spread
-    too, which credits a request the window cuts a little early."""
-    tokens = 0.0
-    for start, end, count in spans:
-        if end <= start:
-            tokens += count if end <= window_end else 0
-        else:
-            tokens += count * max(0.0, min(end, window_end) - start) / (end - start)
-    return tokens, max(0.0, window_end)
-
-
-def run_repeat(send: Send, url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int]):
-    """The prompts of `order`, `concurrency` requests in flight (a closed loop: a finished
-    request's slot takes the next at once): (Repeat, [(prompt index, reply)]). The Repeat's rate
-    is its steady window's (steady_window), so `order` holds at least one request per slot."""
-    if len(order) < concurrency:
-        raise ValueError(f"a repeat of {len(order)} requests cannot keep {concurrency} slots busy")
+def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], params: dict, concurrency: int,
+               first: int, hold_s: float) -> tuple[Repeat, list[tuple[int, dict]]]:
+    """`concurrency` requests in flight over the prompts in order from `first` (a closed loop),
+    for hold_s; then no request is sent and those running are aborted, so the batch is full
+    until the replies return: (Repeat, [(prompt index, reply)]), an aborted reply holding the
+    tokens made before its abort."""
+    tag = f"k26-speed-{uuid.uuid4().hex[:12]}"
     lock = threading.Lock()
-    queue = iter(order)
+    in_flight: set[str] = set()
+    finished: list[tuple[int, dict, float]] = []
+    state = {"issued": 0, "stopping": False}
     started = time.time()
     cpu_before = cpu_times()
     start = time.perf_counter()
-    idle_at: list[float] = []  # when each slot found no request left
 
-    def worker() -> list:
-        mine = []
+    def slot() -> None:
         while True:
-            with lock:  # stamped under the lock: no slot's idle time comes before a request taken earlier
-                index = next(queue, None)
-                if index is None:
-                    idle_at.append(time.perf_counter() - start)
-                    return mine
-                begun = time.perf_counter() - start
+            with lock:
+                if state["stopping"]:
+                    return
+                number = state["issued"]
+                state["issued"] += 1
+                rid = f"{tag}-{number}"
+                in_flight.add(rid)
+            index = (first + number) % len(prompts)
             try:
-                reply = send(url, prompts[index], params)
+                reply = send(url, prompts[index], params, rid)
             except (OSError, ValueError, http.client.HTTPException) as err:
                 reply = {"error": f"{type(err).__name__}: {err}"}
-            mine.append((index, reply, begun, time.perf_counter() - start))
+            with lock:
+                in_flight.discard(rid)
+                finished.append((index, reply, time.perf_counter() - start))
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        finished = [r for part in pool.map(lambda _: worker(), range(concurrency)) for r in part]
-    wall = time.perf_counter() - start
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    slots = [pool.submit(slot) for _ in range(concurrency)]
+    wait(slots, timeout=hold_s)
+    with lock:
+        state["stopping"] = True
+    stopped = time.perf_counter()
+    while True:
+        with lock:
+            running = sorted(in_flight)
+        for rid in running:
+            try:
+                abort(url, rid)
+            except (OSError, ValueError, http.client.HTTPException):
+                pass  # a reply that never ends is caught by the drain limit
+        if not wait(slots, timeout=ABORT_AGAIN_S).not_done:
+            break
+    pool.shutdown()
     cpu = host_cpu(cpu_before, cpu_times())
-    replies = [(index, reply) for index, reply, _, _ in finished]
-    ok = [r for _, r in replies if "error" not in r]
+    late = sum(1 for _, _, end in finished if end - (stopped - start) > DRAIN_LIMIT_S)
+    ok = [r for _, r, _ in finished if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
     steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
-    steady_tokens, steady_s = steady_window(
-        [(begun, ended, len(reply.get("output_ids") or []) if "error" not in reply else 0)
-         for _, reply, begun, ended in finished], min(idle_at, default=wall))
-    return Repeat(tokens, wall, len(replies), steps, len(replies) - len(ok), started, cpu,
-                  steady_tokens=steady_tokens, steady_s=steady_s), replies
+    cut = sum(1 for r in ok if finish_type(r) == "abort")
+    wall = max((end for _, _, end in finished), default=time.perf_counter() - start)
+    repeat = Repeat(tokens, wall, len(finished), cut, steps, len(finished) - len(ok), started, cpu, late)
+    return repeat, [(index, reply) for index, reply, _ in finished]
+
+
+def finish_type(reply: dict) -> str | None:
+    reason = (reply.get("meta_info") or {}).get("finish_reason")
+    return reason.get("type") if isinstance(reason, dict) else reason
+
+
+def checked_outputs(replies: list[tuple[int, dict]]):
+    """(prompt index, output ids[, tokens to compare]) of the replies that did not fail: an
+    aborted one is compared up to where it stopped."""
+    for index, reply in replies:
+        if "error" in reply:
+            continue
+        ids = reply.get("output_ids") or []
+        yield (index, ids, len(ids)) if finish_type(reply) == "abort" else (index, ids)
 
 
 def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int],
@@ -315,16 +311,22 @@ def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: 
 AfterRound = Callable[[str, dict, int, int, float], None]
 
 
+# A round's first plan, before one has run: each repeat's hold plus this much for its requests'
+# start and its aborts' return.
+REPEAT_SLACK_S = 2.0
+
+
 def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None,
-            rule: lossless.TieRule, send: Send,
+            rule: lossless.TieRule, send: Send, abort: Abort,
             deadline: float, say: Callable[[str], None], after_round: AfterRound | None = None) -> list[dict]:
     """The summaries (CellResult.summary) of every cell of `spec` on every server (objects with
     .spec.name, .spec.speculative, .url), interleaved; rounds the deadline leaves no time
     for are not started, and the cell says so. Per cell every server first makes one streamed
-    pass of max(C, 2) requests (untimed for the table; its TTFT and ITL are the cell's), whose
-    fastest rate sets how many requests a repeat holds. after_round(cell name, cell, round,
-    rounds, seconds the cell's remaining rounds need), if given, runs after each round (the
-    costs measured inside the table: tuning.TableCosts)."""
+    pass of max(C, 2) requests (untimed for the table; its TTFT and ITL are the cell's). Round
+    r+1 starts at the prompt after the most that any server took in round r, so rounds serve
+    new text. after_round(cell name, cell, round, rounds, seconds the cell's remaining rounds
+    need), if given, runs after each round (the costs measured inside the table:
+    tuning.TableCosts)."""
     results = []
     speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
@@ -334,52 +336,37 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
         by_server = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
                      for s in servers}
         warm = repeat_order(len(prompts), max(concurrency, 2), 0)
-        rates = []
         for server in servers:
             if time.time() > deadline:
                 break
-            latency = latency_pass(server.url, prompts, params, concurrency, warm, max(5.0, deadline - time.time()))
-            by_server[server.spec.name].latency = latency
-            rates.append(latency["tok_per_s"])
-        count = repeat_count(concurrency, max(rates, default=0.0), spec.new_tokens, spec.min_seconds)
-        slowest_s = count * spec.new_tokens / max(min(rates, default=0.0), 1e-9)
-        kept, r, grown = 0, 0, []
-        while kept < spec.repeats:
-            # A round is one repeat per server, each about as long as its warm pass's rate says.
-            if time.time() + len(servers) * slowest_s > deadline:
+            by_server[server.spec.name].latency = latency_pass(server.url, prompts, params, concurrency, warm,
+                                                               max(5.0, deadline - time.time()))
+        round_s = len(servers) * (spec.min_seconds + REPEAT_SLACK_S)
+        first = 0
+        for r in range(spec.repeats):
+            if time.time() + round_s > deadline:
                 for result in by_server.values():
                     result.note = f"cut at the run deadline after {len(result.repeats)} repeats"
                 break
-            order = repeat_order(len(prompts), count, r)
-            done = []
+            began = time.time()
+            taken = 0
             for server in servers[r % len(servers):] + servers[: r % len(servers)]:
                 result = by_server[server.spec.name]
-                repeat, replies = run_repeat(send, server.url, prompts, params, concurrency, order)
-                done.append((result, repeat))
-                if result.checked:
-                    result.divergences += lossless.divergences(
-                        ((index, reply.get("output_ids") or []) for index, reply in replies if "error" not in reply),
-                        reference, rule)
-            r += 1
-            shortest = min(repeat.steady_s for _, repeat in done)
-            if shortest < spec.min_seconds and not any(repeat.errors for _, repeat in done):
-                # The warm pass overrated the fastest server: this round is not kept, and the
-                # repeats grow so that it too lasts min_seconds.
-                before = count
-                count = regrown_count(count, concurrency, spec.min_seconds, shortest)
-                slowest_s *= count / before
-                grown.append(f"{before}->{count}")
-                continue
-            for result, repeat in done:
+                repeat, replies = run_repeat(send, abort, server.url, prompts, params, concurrency, first,
+                                             spec.min_seconds)
                 result.repeats.append(repeat)
-            kept += 1
+                taken = max(taken, repeat.requests)
+                if result.checked:
+                    result.divergences += lossless.divergences(checked_outputs(replies), reference, rule)
+            first = (first + taken) % len(prompts)
+            round_s = time.time() - began
             if after_round is not None:
-                after_round(cell_name, cell, kept - 1, spec.repeats, (spec.repeats - kept) * len(servers) * slowest_s)
+                after_round(cell_name, cell, r, spec.repeats, (spec.repeats - r - 1) * round_s)
         for result in by_server.values():
-            result.regrown = grown
             s = result.summary(speculative[result.server])
             say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "
-                f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} repeats of {s['requests_per_repeat']} requests) "
+                f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} repeats of about "
+                f"{statistics.median(s['repeat_requests'] or [0]):.0f} requests) "
                 f"accept {s['accept_length']} {s['verdict']}")
             results.append(s)
     return results
@@ -414,9 +401,9 @@ def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, de
              f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), {prompts} prompts; each cell the "
              f"median of its interleaved repeats ({spec.repeats} planned; a run's deadline can cut a cell short, "
              f"and the cell's table says how many ran) of >= {spec.min_seconds} s inside one server start, "
-             f"every server's repeat r serving the same prompts. tok/s: the rate while all C slots are busy (a "
-             "repeat's requests counted by their share of time before the first slot runs out of requests; the "
-             "whole repeat's rate, its tail included, is in the JSON). "
+             f"every server's repeat r serving the same prompts in the same order. tok/s: the rate while all C "
+             "slots are busy (a repeat holds C requests in flight for its seconds, then aborts those still "
+             "running; its tokens over the time to its last reply). "
              f"x{baseline}: the ratio of medians, with its 95 % "
              "bootstrap interval over the rounds. TTFT and ITL (the gaps between streamed chunks): p50 / p99 ms of "
              "one streamed pass of max(C, 2) requests per cell, through `k26-deploy bench`'s client.", "",

@@ -19,8 +19,8 @@ from proving_ground.e2e.extras import named_schedules, profile_server, run_bench
 from proving_ground.e2e.report import capture_seconds, fatal_lines, gpu_name, overall, write_outputs
 from proving_ground.e2e.reuse import fingerprint, oracle_agreement, patched_site, read_state, write_oracle
 from proving_ground.e2e.servers import (
-    get_json, in_parallel, LOAD_LINES_BYTES, log_head, log_tail, MemorySampler, NO_MEMORY, post_json, SAFE_ENV, say,
-    Server, Stagger, stop, wait_ready, warm_sampling,
+    get_json, in_parallel, LOAD_LINES_BYTES, log_head, log_tail, MemorySampler, NO_MEMORY, post, post_json, SAFE_ENV,
+    say, Server, Stagger, stop, wait_ready, warm_sampling,
 )
 from proving_ground.e2e.workloads import cell_record, MIN_WORKLOAD_S, run_workload
 from proving_ground.emulator.folder import EMULATOR_LOG_MARK, emulation, EXTERNAL_PACKAGE, EXTERNAL_PACKAGE_ENV
@@ -355,9 +355,10 @@ class MatrixRun:
         table_costs = tuning.TableCosts(self.servers, table_groups, self.args, self.prompts, self.spec["new_tokens"],
                                         table_end, say) if table_groups else None
         self.speed = speed.measure(ready, spec, self.prompts, self.reference, self.tie_rule,
-                                   lambda url, ids, params: post_json(url + "/generate",
-                                                                      {"input_ids": ids, "sampling_params": params},
-                                                                      timeout=max(5.0, self.time_left())),
+                                   lambda url, ids, params, rid: post_json(
+                                       url + "/generate", {"input_ids": ids, "sampling_params": params, "rid": rid},
+                                       timeout=max(5.0, self.time_left())),
+                                   lambda url, rid: post(url + "/abort_request", {"rid": rid}, timeout=5.0),
                                    table_end, say, table_costs.after_round if table_costs else None)
         for server in ready:
             if not server.alive():

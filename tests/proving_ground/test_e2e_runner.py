@@ -183,11 +183,8 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
         busy, steal = c["repeat_cpu_busy"], c["repeat_cpu_steal"]
         assert len(busy) == len(steal) == 3 and all(0 < b <= 1 and 0 <= t <= 1 for b, t in zip(busy, steal)), c
         concurrency = int(cell.rsplit("c", 1)[1])
-        assert c["requests_per_repeat"] % concurrency == 0, "whole waves"
-        assert all(0.3 <= s <= w for s, w in zip(c["repeat_steady_seconds"], c["repeat_seconds"])), c
-        assert len(c["repeat_whole_tok_s"]) == 3
-        same_cell = [o["requests_per_repeat"] for (_, other), o in cells.items() if other == cell]
-        assert same_cell == [c["requests_per_repeat"]] * 3, "every server of a round serves the same prompts"
+        assert all(n >= concurrency for n in c["repeat_requests"]), "every slot took a request"
+        assert all(0 <= cut <= concurrency for cut in c["repeat_cut"]) and c["repeat_late"] == [0, 0, 0], c
         latency = c["latency"]
         assert latency["requests"] == max(2, concurrency) and latency["errors"] == 0
         assert latency["ttft_ms"]["p50"] > 0 and latency["itl_ms"]["p99"] >= latency["itl_ms"]["p50"] > 0, latency
@@ -196,7 +193,8 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
             assert c["verdict"] == expected and (server == "ar" or c["divergences"][0]["position"] == 5)
         else:
             assert c["verdict"] == "completed"
-    assert cells[("dflash", "greedy-c1")]["accept_length"] == pytest.approx(32 / 10)
+    # the stand-in's 3.2 a step, but an aborted request's last step commits only whole tokens
+    assert cells[("dflash", "greedy-c1")]["accept_length"] == pytest.approx(32 / 10, rel=0.05)
     assert cells[("ar", "greedy-c1")]["accept_length"] is None
     table = (tmp_path / "out" / "speed-runs.md").read_text()
     assert "| ddtree-b8-k4-weak |" in table and "xdflash" in table

@@ -1,6 +1,14 @@
 """The proving-ground matrix (proving_ground/device/matrix.json) and the lossless criterion."""
 
+import importlib.util
+import json
+import os
+import threading
+import time
+import urllib.request
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -247,44 +255,81 @@ def test_a_repeats_host_cpu_shares_come_from_the_difference_of_two_proc_stat_rea
     assert now is None or (len(now) == 8 and all(t >= 0 for t in now))
 
 
-def test_a_round_serves_every_server_the_same_whole_waves_long_enough_for_the_fastest():
+def test_a_round_takes_prompts_in_order_from_where_the_last_one_stopped():
     assert speed.repeat_order(64, 5, 0) == [0, 1, 2, 3, 4]
-    assert speed.repeat_order(64, 5, 13) == [1, 2, 3, 4, 5], "cycling through the prompts, round by round"
-    # 150 tok/s at 128 tokens a request: 3 s needs 3.5 requests, 3.9 with the plan's margin: so 4.
-    count = speed.repeat_count(1, 150.0, 128, 3.0)
-    assert count * 128 / 150.0 >= 3.0 and count == 4
-    # above C=1 one wave more: the steady window ends about a wave before the repeat does
-    assert speed.repeat_count(16, 1500.0, 128, 3.0) == 16 * 4
-    assert speed.repeat_count(4, 0.0, 128, 3.0) == 8, "no rate measured: one wave, and the one more"
+    assert speed.repeat_order(64, 5, 62) == [62, 63, 0, 1, 2], "cycling through the prompts"
 
 
-def test_the_steady_window_counts_each_request_by_its_share_of_time_inside_it():
-    # two slots; the second slot's long request is still running when the first finds no request left
-    spans = [(0.0, 1.0, 10), (1.0, 2.0, 10), (2.0, 3.0, 10), (0.0, 4.0, 40)]
-    assert speed.steady_window(spans, 3.0) == (60.0, 3.0)  # 30 from the short ones, 3/4 of the long one
-    repeat = speed.Repeat(70, 4.0, 4, 0, 0, 0.0, None, *speed.steady_window(spans, 3.0))
-    assert repeat.tok_per_s == 20.0 and repeat.whole_tok_s == 17.5, "the tail's one busy slot left out"
-    assert speed.steady_window([(0.0, 2.0, 8), (0.0, 2.0, 8)], 2.0) == (16.0, 2.0), "one wave, equal lengths"
-    assert speed.steady_window([(1.0, 1.0, 5), (4.0, 4.0, 5)], 3.0) == (5.0, 3.0), "an instant reply counts whole"
+@pytest.fixture
+def standin_url():
+    """The proving ground's stand-in SGLang server (tests/standin), serving in this process on
+    127.0.0.1: 400 tok/s per request, 4 tokens a step."""
+    source = Path(__file__).resolve().parents[1] / "standin" / "sglang" / "launch_server.py"
+    loader = importlib.util.spec_from_file_location("standin_launch_server", source)
+    standin = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(standin)
+    with mock.patch.dict(os.environ, {"STANDIN_TOKENS_PER_S": "400", "STANDIN_ACCEPT": "4"}):
+        state = standin.State(*standin.parse_args(["--port", "0"]), [])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), standin.make_handler(state))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
 
 
-def test_a_repeat_reports_its_steady_window_and_the_whole(tmp_path):
-    replies = {0: 4, 1: 12, 2: 4, 3: 4}
-
-    def send(url, ids, params):
-        return {"output_ids": [1] * replies[ids[0]], "meta_info": {}}
-
-    repeat, got = speed.run_repeat(send, "http://unused", [[i] for i in range(4)], {}, 2, [0, 1, 2, 3])
-    assert sorted(index for index, _ in got) == [0, 1, 2, 3] and repeat.tokens == 24
-    assert 0 < repeat.steady_s <= repeat.wall_s and 0 < repeat.steady_tokens <= repeat.tokens
-    with pytest.raises(ValueError, match="cannot keep 4 slots busy"):
-        speed.run_repeat(send, "http://unused", [[i] for i in range(4)], {}, 4, [0, 1])
+def _post(url: str, payload: dict) -> bytes:
+    request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return reply.read()
 
 
-def test_a_short_round_grows_the_steady_waves_and_keeps_the_tails():
-    # 2 steady waves of 16 and the tail's; the shortest window was 2 s of the 3 s asked: 3.3 waves
-    assert speed.regrown_count(48, 16, 3.0, 2.0) == 16 * (4 + 1)
-    assert speed.regrown_count(4, 1, 3.0, 2.0) == 7, "C=1 has no tail wave: 4 x 1.5 x the margin 1.1 = 6.6"
+def _send(new_tokens: int, delay_numbers: set[int] = frozenset()):
+    def send(url, ids, params, rid):
+        if int(rid.rsplit("-", 1)[1]) in delay_numbers:
+            time.sleep(0.6)  # arrives after the repeat's first abort of it
+        return json.loads(_post(url + "/generate", {"input_ids": ids, "sampling_params": params, "rid": rid}))
+    return send
+
+
+def _abort(url, rid):
+    _post(url + "/abort_request", {"rid": rid})
+
+
+def test_a_repeat_holds_its_slots_busy_then_aborts_what_still_runs(standin_url):
+    prompts = [[i, i + 1] for i in range(10)]
+    # 32 tokens take 0.08 s: each of 3 slots ends several before the hold's 0.4 s are over
+    repeat, replies = speed.run_repeat(_send(32), _abort, standin_url, prompts, {"max_new_tokens": 32}, 3, 7, 0.4)
+    assert repeat.requests == len(replies) > 3
+    assert sorted(index for index, _ in replies) == sorted(speed.repeat_order(10, len(replies), 7))
+    assert repeat.wall_s >= 0.4 and repeat.errors == 0 and repeat.late == 0
+    outputs = {index: reply for index, reply in replies}
+    cut = [r for _, r in replies if speed.finish_type(r) == "abort"]
+    assert repeat.cut == len(cut) <= 3
+    assert all(len(r["output_ids"]) < 32 for r in cut)
+    assert all(len(r["output_ids"]) == 32 for r in outputs.values() if r not in cut)
+    assert repeat.tokens == sum(len(r["output_ids"]) for _, r in replies)
+    assert repeat.tok_per_s == repeat.tokens / repeat.wall_s
+
+
+def test_an_abort_that_reaches_the_server_before_its_request_is_sent_again(standin_url):
+    prompts = [[i] for i in range(4)]
+    # 4096 tokens take 10 s: each slot's first request is still running when the hold ends, and
+    # slot requests 0 and 1 reach the server 0.6 s late, after the first aborts were dropped there
+    repeat, replies = speed.run_repeat(_send(4096, {0, 1}), _abort, standin_url, prompts,
+                                       {"max_new_tokens": 4096}, 2, 0, 0.2)
+    assert repeat.requests == 2 and repeat.cut == 2 and repeat.errors == 0
+    assert all(speed.finish_type(r) == "abort" and len(r["output_ids"]) < 4096 for _, r in replies)
+
+
+def test_an_aborted_output_is_checked_up_to_where_it_stopped():
+    aborted = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "abort"}}}
+    whole = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length", "length": 4}}}
+    got = list(speed.checked_outputs([(0, aborted), (1, whole), (2, {"error": "HTTPError: 500"})]))
+    assert got == [(0, [5, 6], 2), (1, [5, 6])]
+    reference = {i: {"output_ids": [5, 6, 7, 8], "top2": [[[-0.1, 5], [-5.0, 1]]] * 4} for i in (0, 1)}
+    found = lossless.divergences(got, reference, lossless.TieRule(0.05))
+    assert [d.prompt for d in found] == [1], "the whole reply stopped short of the reference; the aborted one did not"
 
 
 def test_a_ratio_interval_from_one_table_pairs_repeats_by_round():

@@ -31,6 +31,9 @@ Since the last /flush_cache, /server_info counts /generate calls streamed and no
 (standin_streamed, standin_unstreamed) and the most in flight at once
 (standin_generate_peak); STANDIN_PROMPT_LOG names a file that gets one JSON line per
 /generate: {"input_ids" or "text", "stream"}, in arrival order.
+A non-streamed /generate that names a `rid` ends early on POST /abort_request {"rid": ...},
+as SGLang's does: its reply holds the tokens made so far and finish_reason {"type": "abort"};
+an abort for a rid the server does not hold (not arrived yet, or done) is dropped.
 STANDIN_REASONING_PARSER=1 imitates --reasoning-parser: chat replies are split
 at the last </think> into reasoning_content and content (no </think>: all reasoning).
 
@@ -110,6 +113,7 @@ class State:
         )
         self.speculative = args.speculative_algorithm is not None
         self.diverge_at = int(os.environ.get("STANDIN_DIVERGE_AT", "-1"))
+        self.live: dict[str, threading.Event] = {}  # rid -> set once aborted
         self.tie_gap = float(os.environ.get("STANDIN_TIE_GAP", str(DECISIVE_GAP)))
 
     def output_ids(self, prompt: list[int], count: int) -> list[int]:
@@ -147,6 +151,11 @@ class State:
                 prompt = {k: body[k] for k in ("input_ids", "text") if k in body}
                 with open(self.prompt_log, "a") as log:
                     log.write(json.dumps({**prompt, "stream": bool(body.get("stream"))}) + "\n")
+
+    def abort(self, rid: str) -> None:
+        with self.lock:
+            if rid in self.live:
+                self.live[rid].set()
 
     def leave(self) -> None:
         with self.lock:
@@ -247,6 +256,11 @@ def make_handler(state: State):
                     self._generate(body)
                 finally:
                     state.leave()
+            elif path == "/abort_request":
+                state.abort(str(body.get("rid", "")))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
             elif path == "/v1/chat/completions":
                 self._chat(body)
             else:
@@ -275,14 +289,15 @@ def make_handler(state: State):
             def text(first: int, last: int) -> str:
                 return "".join(pieces[first:last]) if pieces is not None else " tok" * (last - first)
 
-            def chunk(done: int, verify: int, final: bool, sent: int = 0) -> dict:
+            def chunk(done: int, verify: int, final: bool, sent: int = 0, aborted: bool = False) -> dict:
+                finish = {"type": "abort", "message": "Aborted"} if aborted else {"type": "length", "length": n_out}
                 meta = {
                     "id": rid,
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": done,
                     "spec_verify_ct": verify,
                     "spec_accept_length": (done / verify) if verify else 0.0,
-                    "finish_reason": {"type": "length", "length": n_out} if final else None,
+                    "finish_reason": finish if final else None,
                     "e2e_latency": time.monotonic() - start,
                 }
                 if body.get("return_logprob"):
@@ -291,9 +306,25 @@ def make_handler(state: State):
                         "meta_info": meta}
 
             if not body.get("stream"):
-                time.sleep(steps * step_s)
-                state.record(n_out, steps)
-                self._json(200, chunk(n_out, steps, True))
+                named = body.get("rid")
+                if named is None:
+                    time.sleep(steps * step_s)
+                    state.record(n_out, steps)
+                    self._json(200, chunk(n_out, steps, True))
+                    return
+                aborted = threading.Event()
+                with state.lock:
+                    state.live[named] = aborted
+                try:
+                    verify = 0
+                    while verify < steps and not aborted.wait(step_s):
+                        verify += 1
+                finally:
+                    with state.lock:
+                        state.live.pop(named, None)
+                done = min(n_out, math.ceil(verify * state.accept)) if verify < steps else n_out
+                state.record(done, verify)
+                self._json(200, chunk(done, verify, True, aborted=verify < steps))
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
