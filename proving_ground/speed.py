@@ -2,20 +2,23 @@
 
 A speed table compares servers that all run on one GPU during one run.
 Per cell (concurrency, temperature) every server first makes one streamed pass
-(untimed for the table; its TTFT and ITL are the cell's latencies). A repeat
-then keeps `concurrency` requests in flight (a closed loop: a finished
-request's slot takes the next prompt at once) for `min_seconds`, and aborts the
-requests still running: its rate is every token its requests made over the
+(untimed for the table; its TTFT and ITL are the cell's latencies). The fastest
+server's rate in that pass sets a repeat's set: whole waves of `concurrency`
+prompts, enough that even the fastest server's repeat lasts `min_seconds`.
+Round r gives every server the same set, so prompts of different difficulty
+weigh the same for all servers. A repeat serves its set with `concurrency`
+requests in flight (a closed loop: a finished request's slot takes the next
+at once); once the set is sent, free slots take fillers, the prompts after
+it, until the set's last reply, and the fillers still running are then
+aborted. Its rate is every token made, an aborted filler's so far, over the
 time from its first request to its last reply, all of which had every slot
-busy. A speculative request's steps depend on its prompt, so a repeat that
-waited for its last requests would end on a thinning batch that AR's
-equal-length requests never see. Round r gives every server the same prompts in
-the same order (each server takes as many as its speed allows), so prompts of
-different difficulty weigh the same for all servers. Rounds run every server
-once, the order rotated by r; a round the deadline leaves no time for is not
-started, so a drift of the machine during the cell shifts every server alike
-and the ratios stay fair. Each cell reports the median, min and max tok/s over
-its repeats and its acceptance; every greedy output, an aborted one up to
+busy: a speculative request's steps depend on its prompt, so a repeat that
+let its batch thin out while its slowest requests finished would be rated
+below the serving rate at that concurrency, which AR's equal-length requests
+never are. Rounds run every server once, the order rotated by r; a round the
+deadline leaves no time for is not started, so a drift of the machine during
+the cell shifts every server alike and the ratios stay fair. Each cell reports the median, min and max tok/s over
+its repeats and its acceptance; every greedy output, an aborted filler up to
 where it stopped, is also checked against the AR reference (lossless).
 
 Only one workload is on the GPU at a time: the runner calls measure() once
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import math
 import random
 import statistics
 import threading
@@ -120,6 +124,7 @@ class CellResult:
     checked: bool = False  # greedy outputs compared with the AR reference
     note: str = ""
     latency: dict | None = None  # latency_pass() of the cell's warm pass
+    regrown: list[str] = field(default_factory=list)  # "before->after" set sizes of each round not kept
 
     def summary(self, speculative: bool) -> dict:
         rates = [r.tok_per_s for r in self.repeats if not r.errors and not r.late]
@@ -146,6 +151,7 @@ class CellResult:
             "divergence_count": len(self.divergences),
             "stopped_early": lossless.stops(self.divergences),
             "latency": self.latency,
+            "rounds_not_kept": [f"shorter than min_seconds; set {grown}" for grown in self.regrown],
             "note": self.note,
         }
 
@@ -203,25 +209,48 @@ def repeat_order(n_prompts: int, count: int, first: int) -> list[int]:
     return [(first + i) % n_prompts for i in range(count)]
 
 
-# While a repeat's aborted requests are still running, the aborts of those still in flight are
-# sent again this often: an abort that reaches the server before its request is dropped there.
+# The fastest server's repeat is planned this much longer than min_seconds: its warm pass, which
+# sets the plan, streams and so runs slightly slower than the timed repeats.
+PLAN_MARGIN = 1.1
+
+
+def repeat_count(concurrency: int, fastest_tok_s: float, new_tokens: int, min_seconds: float) -> int:
+    """A repeat's set: whole waves of `concurrency` requests, enough that the fastest server
+    takes min_seconds over them."""
+    waves = math.ceil(min_seconds * PLAN_MARGIN * max(fastest_tok_s, 1e-9) / (new_tokens * concurrency))
+    return concurrency * max(1, waves)
+
+
+def regrown_count(count: int, concurrency: int, min_seconds: float, shortest_s: float) -> int:
+    """The set after a round whose shortest repeat took shortest_s: its waves grown in proportion."""
+    waves = math.ceil(count // concurrency * min_seconds * PLAN_MARGIN / max(shortest_s, 1e-9))
+    return concurrency * max(1, waves)
+
+
+# While a repeat's fillers are aborted, the aborts of those still running are sent again this
+# often: an abort that reaches the server before its request is dropped there.
 ABORT_AGAIN_S = 0.25
-# An aborted request ends within one or two steps; one still running this long after the first
-# abort is counted an error (its thin tail is in the repeat's time).
+# An aborted request ends within a step or two; one still running this long after the set's last
+# reply is counted late (its thin tail is in the repeat's time, so its rate is left out).
 DRAIN_LIMIT_S = 10.0
 
 
 def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], params: dict, concurrency: int,
-               first: int, hold_s: float) -> tuple[Repeat, list[tuple[int, dict]]]:
-    """`concurrency` requests in flight over the prompts in order from `first` (a closed loop),
-    for hold_s; then no request is sent and those running are aborted, so the batch is full
-    until the replies return: (Repeat, [(prompt index, reply)]), an aborted reply holding the
-    tokens made before its abort."""
+               order: list[int]) -> tuple[Repeat, list[tuple[int, dict]]]:
+    """The set `order` served with `concurrency` requests in flight (a closed loop: a finished
+    request's slot takes the next at once). Once the set is sent, free slots take fillers, the
+    prompts after it, until the set's last reply; then the fillers still running are aborted.
+    So every slot is busy until the set is done, and every server serves the same set.
+    (Repeat, [(prompt index, reply)]): the set's replies and the fillers', an aborted one
+    holding the tokens made before its abort."""
+    if len(order) < concurrency:
+        raise ValueError(f"a set of {len(order)} requests cannot keep {concurrency} slots busy")
     tag = f"k26-speed-{uuid.uuid4().hex[:12]}"
     lock = threading.Lock()
+    set_done = threading.Event()
     in_flight: set[str] = set()
     finished: list[tuple[int, dict, float]] = []
-    state = {"issued": 0, "stopping": False}
+    state = {"issued": 0, "stopping": False, "set_left": len(order)}
     started = time.time()
     cpu_before = cpu_times()
     start = time.perf_counter()
@@ -235,7 +264,7 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
                 state["issued"] += 1
                 rid = f"{tag}-{number}"
                 in_flight.add(rid)
-            index = (first + number) % len(prompts)
+            index = order[number] if number < len(order) else (order[-1] + 1 + number - len(order)) % len(prompts)
             try:
                 reply = send(url, prompts[index], params, rid)
             except (OSError, ValueError, http.client.HTTPException) as err:
@@ -243,13 +272,16 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
             with lock:
                 in_flight.discard(rid)
                 finished.append((index, reply, time.perf_counter() - start))
+                if number < len(order):
+                    state["set_left"] -= 1
+                    if state["set_left"] == 0:
+                        state["stopping"] = True
+                        set_done.set()
 
     pool = ThreadPoolExecutor(max_workers=concurrency)
     slots = [pool.submit(slot) for _ in range(concurrency)]
-    wait(slots, timeout=hold_s)
-    with lock:
-        state["stopping"] = True
-    stopped = time.perf_counter()
+    set_done.wait()  # every request has a reply or an error within send's own timeout
+    set_end = time.perf_counter() - start
     while True:
         with lock:
             running = sorted(in_flight)
@@ -257,17 +289,17 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
             try:
                 abort(url, rid)
             except (OSError, ValueError, http.client.HTTPException):
-                pass  # a reply that never ends is caught by the drain limit
+                pass  # a filler that never ends is counted late
         if not wait(slots, timeout=ABORT_AGAIN_S).not_done:
             break
     pool.shutdown()
     cpu = host_cpu(cpu_before, cpu_times())
-    late = sum(1 for _, _, end in finished if end - (stopped - start) > DRAIN_LIMIT_S)
+    late = sum(1 for _, _, end in finished if end - set_end > DRAIN_LIMIT_S)
     ok = [r for _, r, _ in finished if "error" not in r]
     tokens = sum(len(r.get("output_ids") or []) for r in ok)
     steps = sum(int((r.get("meta_info") or {}).get("spec_verify_ct") or 0) for r in ok)
     cut = sum(1 for r in ok if finish_type(r) == "abort")
-    wall = max((end for _, _, end in finished), default=time.perf_counter() - start)
+    wall = max(end for _, _, end in finished)
     repeat = Repeat(tokens, wall, len(finished), cut, steps, len(finished) - len(ok), started, cpu, late)
     return repeat, [(index, reply) for index, reply, _ in finished]
 
@@ -311,22 +343,16 @@ def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: 
 AfterRound = Callable[[str, dict, int, int, float], None]
 
 
-# A round's first plan, before one has run: each repeat's hold plus this much for its requests'
-# start and its aborts' return.
-REPEAT_SLACK_S = 2.0
-
-
 def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], reference: dict | None,
             rule: lossless.TieRule, send: Send, abort: Abort,
             deadline: float, say: Callable[[str], None], after_round: AfterRound | None = None) -> list[dict]:
     """The summaries (CellResult.summary) of every cell of `spec` on every server (objects with
     .spec.name, .spec.speculative, .url), interleaved; rounds the deadline leaves no time
     for are not started, and the cell says so. Per cell every server first makes one streamed
-    pass of max(C, 2) requests (untimed for the table; its TTFT and ITL are the cell's). Round
-    r+1 starts at the prompt after the most that any server took in round r, so rounds serve
-    new text. after_round(cell name, cell, round, rounds, seconds the cell's remaining rounds
-    need), if given, runs after each round (the costs measured inside the table:
-    tuning.TableCosts)."""
+    pass of max(C, 2) requests (untimed for the table; its TTFT and ITL are the cell's), whose
+    fastest rate sets a repeat's set (repeat_count). after_round(cell name, cell, round,
+    rounds, seconds the cell's remaining rounds need), if given, runs after each round (the
+    costs measured inside the table: tuning.TableCosts)."""
     results = []
     speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
@@ -336,37 +362,54 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
         by_server = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
                      for s in servers}
         warm = repeat_order(len(prompts), max(concurrency, 2), 0)
+        rates = []
         for server in servers:
             if time.time() > deadline:
                 break
-            by_server[server.spec.name].latency = latency_pass(server.url, prompts, params, concurrency, warm,
-                                                               max(5.0, deadline - time.time()))
-        round_s = len(servers) * (spec.min_seconds + REPEAT_SLACK_S)
-        first = 0
-        for r in range(spec.repeats):
+            latency = latency_pass(server.url, prompts, params, concurrency, warm, max(5.0, deadline - time.time()))
+            by_server[server.spec.name].latency = latency
+            rates.append(latency["tok_per_s"])
+        count = repeat_count(concurrency, max(rates, default=0.0), spec.new_tokens, spec.min_seconds)
+        # Before a round has run: every server as slow as the slowest warm pass, its set's slowest
+        # requests twice the mean.
+        round_s = 2 * len(servers) * count * spec.new_tokens / max(min(rates, default=0.0), 1e-9)
+        kept, r, first, grown = 0, 0, 0, []
+        while kept < spec.repeats:
             if time.time() + round_s > deadline:
                 for result in by_server.values():
                     result.note = f"cut at the run deadline after {len(result.repeats)} repeats"
                 break
             began = time.time()
-            taken = 0
+            order = repeat_order(len(prompts), count, first)
+            done = []
             for server in servers[r % len(servers):] + servers[: r % len(servers)]:
                 result = by_server[server.spec.name]
-                repeat, replies = run_repeat(send, abort, server.url, prompts, params, concurrency, first,
-                                             spec.min_seconds)
-                result.repeats.append(repeat)
-                taken = max(taken, repeat.requests)
+                repeat, replies = run_repeat(send, abort, server.url, prompts, params, concurrency, order)
+                done.append((result, repeat))
                 if result.checked:
                     result.divergences += lossless.divergences(checked_outputs(replies), reference, rule)
-            first = (first + taken) % len(prompts)
+            r += 1
+            first = (first + count) % len(prompts)
             round_s = time.time() - began
+            shortest = min(repeat.wall_s for _, repeat in done)
+            if shortest < spec.min_seconds and not any(repeat.errors for _, repeat in done):
+                # The warm pass overrated the fastest server: this round is not kept, and the
+                # set grows so that it too lasts min_seconds.
+                before = count
+                count = regrown_count(count, concurrency, spec.min_seconds, shortest)
+                round_s *= count / before
+                grown.append(f"{before}->{count}")
+                continue
+            for result, repeat in done:
+                result.repeats.append(repeat)
+            kept += 1
             if after_round is not None:
-                after_round(cell_name, cell, r, spec.repeats, (spec.repeats - r - 1) * round_s)
+                after_round(cell_name, cell, kept - 1, spec.repeats, (spec.repeats - kept) * round_s)
         for result in by_server.values():
+            result.regrown = grown
             s = result.summary(speculative[result.server])
             say(f"speed {cell_name} {result.server}: median {s['median_tok_s']} tok/s "
-                f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} repeats of about "
-                f"{statistics.median(s['repeat_requests'] or [0]):.0f} requests) "
+                f"({s['min_tok_s']}-{s['max_tok_s']}, {s['repeats']} repeats of a set of {count} requests) "
                 f"accept {s['accept_length']} {s['verdict']}")
             results.append(s)
     return results
@@ -401,9 +444,9 @@ def markdown(run: str, summaries: list[dict], baseline: str, spec: SpeedSpec, de
              f"{device}; {spec.new_tokens} new tokens per request (ignore_eos), {prompts} prompts; each cell the "
              f"median of its interleaved repeats ({spec.repeats} planned; a run's deadline can cut a cell short, "
              f"and the cell's table says how many ran) of >= {spec.min_seconds} s inside one server start, "
-             f"every server's repeat r serving the same prompts in the same order. tok/s: the rate while all C "
-             "slots are busy (a repeat holds C requests in flight for its seconds, then aborts those still "
-             "running; its tokens over the time to its last reply). "
+             f"every server's repeat r serving the same set of prompts. tok/s: the rate while all C slots are "
+             "busy (free slots take fillers, the prompts after the set, until the set's last reply; the fillers "
+             "still running are then aborted; a repeat's tokens over the time to its last reply). "
              f"x{baseline}: the ratio of medians, with its 95 % "
              "bootstrap interval over the rounds. TTFT and ITL (the gaps between streamed chunks): p50 / p99 ms of "
              "one streamed pass of max(C, 2) requests per cell, through `k26-deploy bench`'s client.", "",
