@@ -334,8 +334,13 @@ def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: 
     # The rate of `concurrency` requests in flight, from the requests' own latencies: a short
     # pass's wall time is mostly the client's start.
     busy_s = sum(r.latency_s for r in ok) / concurrency
+    tokens = sum(r.completion_tokens for r in ok)
+    # A cell's first requests can wait seconds for their first token (a cold server), which at
+    # C=1 would halve the pass's rate; a repeat's set is planned on the rate without that wait.
+    decode_s = sum(r.latency_s - (r.ttft_s or 0.0) for r in ok) / concurrency
     return {"requests": len(records), "errors": len(records) - len(ok),
-            "tok_per_s": sum(r.completion_tokens for r in ok) / busy_s if busy_s > 0 else 0.0,
+            "tok_per_s": tokens / busy_s if busy_s > 0 else 0.0,
+            "decode_tok_per_s": tokens / decode_s if decode_s > 0 else 0.0,
             "ttft_ms": distribution_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
             "itl_ms": distribution_ms([gap for r in ok for gap in r.chunk_gaps_s])}
 
@@ -350,9 +355,10 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
     .spec.name, .spec.speculative, .url), interleaved; rounds the deadline leaves no time
     for are not started, and the cell says so. Per cell every server first makes one streamed
     pass of max(C, 2) requests (untimed for the table; its TTFT and ITL are the cell's), whose
-    fastest rate sets a repeat's set (repeat_count). after_round(cell name, cell, round,
-    rounds, seconds the cell's remaining rounds need), if given, runs after each round (the
-    costs measured inside the table: tuning.TableCosts)."""
+    fastest rate, its requests' waits for a first token left out, sets a repeat's set
+    (repeat_count). after_round(cell name, cell, round, rounds, seconds the cell's remaining
+    rounds need), if given, runs after each round (the costs measured inside the table:
+    tuning.TableCosts)."""
     results = []
     speculative = {s.spec.name: s.spec.speculative for s in servers}
     for cell_name, cell in spec.cells.items():
@@ -362,14 +368,15 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
         by_server = {s.spec.name: CellResult(s.spec.name, cell_name, checked=greedy and reference is not None)
                      for s in servers}
         warm = repeat_order(len(prompts), max(concurrency, 2), 0)
-        rates = []
+        rates, decode_rates = [], []
         for server in servers:
             if time.time() > deadline:
                 break
             latency = latency_pass(server.url, prompts, params, concurrency, warm, max(5.0, deadline - time.time()))
             by_server[server.spec.name].latency = latency
             rates.append(latency["tok_per_s"])
-        count = repeat_count(concurrency, max(rates, default=0.0), spec.new_tokens, spec.min_seconds)
+            decode_rates.append(latency["decode_tok_per_s"])
+        count = repeat_count(concurrency, max(decode_rates, default=0.0), spec.new_tokens, spec.min_seconds)
         # Before a round has run: every server as slow as the slowest warm pass, its set's slowest
         # requests twice the mean.
         round_s = 2 * len(servers) * count * spec.new_tokens / max(min(rates, default=0.0), 1e-9)

@@ -187,6 +187,7 @@ def test_a_speed_run_repeats_each_cell_long_enough_and_checks_every_greedy_outpu
         assert all(0 <= cut <= concurrency for cut in c["repeat_cut"]) and c["repeat_late"] == [0, 0, 0], c
         latency = c["latency"]
         assert latency["requests"] == max(2, concurrency) and latency["errors"] == 0
+        assert latency["decode_tok_per_s"] >= latency["tok_per_s"] > 0, "the waits for a first token left out"
         assert latency["ttft_ms"]["p50"] > 0 and latency["itl_ms"]["p99"] >= latency["itl_ms"]["p50"] > 0, latency
         if cell.startswith("greedy"):
             expected = "exact" if server == "ar" else "lossless (ties only)"
