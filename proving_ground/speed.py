@@ -265,22 +265,26 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
                 rid = f"{tag}-{number}"
                 in_flight.add(rid)
             index = order[number] if number < len(order) else (order[-1] + 1 + number - len(order)) % len(prompts)
+            reply = None
             try:
                 reply = send(url, prompts[index], params, rid)
             except (OSError, ValueError, http.client.HTTPException) as err:
                 reply = {"error": f"{type(err).__name__}: {err}"}
-            with lock:
-                in_flight.discard(rid)
-                finished.append((index, reply, time.perf_counter() - start))
-                if number < len(order):
-                    state["set_left"] -= 1
-                    if state["set_left"] == 0:
-                        state["stopping"] = True
-                        set_done.set()
+            finally:
+                # also when send fails otherwise: the set still ends, and the failure is raised below
+                with lock:
+                    in_flight.discard(rid)
+                    if reply is not None:
+                        finished.append((index, reply, time.perf_counter() - start))
+                    if number < len(order):
+                        state["set_left"] -= 1
+                        if state["set_left"] == 0:
+                            state["stopping"] = True
+                            set_done.set()
 
     pool = ThreadPoolExecutor(max_workers=concurrency)
     slots = [pool.submit(slot) for _ in range(concurrency)]
-    set_done.wait()  # every request has a reply or an error within send's own timeout
+    set_done.wait()  # every request ends within send's own timeout, with a reply, an error or a raise
     set_end = time.perf_counter() - start
     while True:
         with lock:
@@ -293,6 +297,8 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
         if not wait(slots, timeout=ABORT_AGAIN_S).not_done:
             break
     pool.shutdown()
+    for done in slots:
+        done.result()
     cpu = host_cpu(cpu_before, cpu_times())
     late = sum(1 for _, _, end in finished if end - set_end > DRAIN_LIMIT_S)
     ok = [r for _, r, _ in finished if "error" not in r]

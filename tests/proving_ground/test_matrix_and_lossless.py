@@ -344,6 +344,16 @@ def test_an_abort_that_reaches_the_server_before_its_filler_is_sent_again(standi
     assert repeat.errors == 0 and repeat.late == 0
 
 
+def test_a_send_that_fails_unexpectedly_ends_the_repeat_and_is_raised(standin_url):
+    def send(url, ids, params, rid):
+        if ids == [1]:
+            raise RuntimeError("the client broke")
+        return _send_lengths({0: 32})(url, ids, params, rid)
+
+    with pytest.raises(RuntimeError, match="the client broke"):
+        speed.run_repeat(send, _abort, standin_url, [[i] for i in range(4)], {}, 2, [0, 1])
+
+
 def test_an_aborted_output_is_checked_up_to_where_it_stopped():
     aborted = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "abort"}}}
     whole = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length", "length": 4}}}
