@@ -70,6 +70,7 @@ class GenerateRecord:
     ttft_s: float | None = None
     chunk_gaps_s: list[float] = field(default_factory=list)
     text: str = ""
+    aborted: bool = False  # the server ended it early (finish_reason "abort"): its tokens are a prefix
 
 
 @dataclass
@@ -364,6 +365,8 @@ class ServerClient:
             record.completion_tokens = _count(meta, "completion_tokens")
             record.prompt_tokens = _count(meta, "prompt_tokens")
             record.spec_verify_ct = _count(meta, "spec_verify_ct")
+            reason = meta.get("finish_reason")
+            record.aborted = isinstance(reason, dict) and reason.get("type") == "abort"
             text = body.get("text") or ""
             if not isinstance(text, str):
                 raise ValueError("the answer's text is not a string")
@@ -377,6 +380,17 @@ class ServerClient:
             record.error = _exception_text(err)
             return record
         return _settled(record, start, "answer without tokens")
+
+    async def abort(self, rid: str) -> bool:
+        """POST /abort_request for one request this client sent with that "rid": False where the
+        server refused it or did not answer in time. SGLang drops an abort for a rid it does not
+        hold (yet, or any more)."""
+        try:
+            response, _ = await asyncio.wait_for(self._request("POST", "/abort_request", json={"rid": rid}),
+                                                 self.timeout_s)
+        except (asyncio.TimeoutError, httpx.HTTPError):
+            return False
+        return response.status_code == 200
 
     async def chat(self, payload: dict) -> ChatRecord:
         """POST /v1/chat/completions (not streamed: only the answer and usage matter)."""

@@ -4,7 +4,11 @@ of plain (not streamed) /generate requests, summarized as one cell.
 `tune` reads a cell's step time as C * accept_length / output_tok_s. A cell that sends its
 requests once ramps up, runs in waves and tails off, so that quotient is not what a server
 serving C requests steadily spends; a closed loop keeps the batch at C, as the proving
-ground's speed table does, and the median over repeats steadies the number.
+ground's speed table does, and the median over repeats steadies the number. A repeat's last
+requests would still leave it on a thinning batch (a speculative request's steps depend on its
+prompt), so once its set is sent free slots take fillers, the prompts after it, until the set's
+last reply; the fillers still running are then aborted by their rid, and their tokens so far
+count. A server that refuses the aborts lets them finish, and the repeat says so.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 
 from k26_ddtree.bench.client import GenerateRecord, ServerClient
 from k26_ddtree.bench.closed_loop import ClosedLoop
@@ -21,12 +26,18 @@ from k26_ddtree.bench.metrics import summarize_cell
 
 @dataclass
 class SteadyRepeat:
-    wall_s: float
-    records: list[GenerateRecord]
+    wall_s: float  # from the first request to the last reply
+    records: list[GenerateRecord]  # the set's: the cell's requests
+    fillers: list[GenerateRecord] = field(default_factory=list)
+
+    @property
+    def counted(self) -> list[GenerateRecord]:
+        """The cell's requests: the set's, and any filler that failed otherwise than by its abort."""
+        return self.records + [r for r in self.fillers if not r.ok and not r.aborted]
 
     @property
     def output_tokens(self) -> int:
-        return sum(r.completion_tokens for r in self.records if r.ok)
+        return sum(r.completion_tokens for r in self.records if r.ok) + sum(r.completion_tokens for r in self.fillers)
 
     @property
     def tok_s(self) -> float:
@@ -36,25 +47,85 @@ class SteadyRepeat:
         return {
             "tok_s": self.tok_s,
             "wall_s": self.wall_s,
-            "requests": len(self.records),
+            "requests": len(self.counted),
             "output_tokens": self.output_tokens,
-            "spec_verify_ct": sum(r.spec_verify_ct for r in self.records if r.ok),
+            "spec_verify_ct": sum(r.spec_verify_ct for r in self.records if r.ok)
+            + sum(r.spec_verify_ct for r in self.fillers),
+            "fillers": len(self.fillers),
+            "fillers_aborted": sum(r.aborted for r in self.fillers),
         }
+
+
+# While a repeat's fillers are aborted, the aborts of those still running are sent again this
+# often: an abort that reaches the server before its request is dropped there.
+ABORT_AGAIN_S = 0.25
 
 
 async def run_repeat(client: ServerClient, prompts: list[dict], concurrency: int, sampling: dict,
                      seconds: float, first: int) -> SteadyRepeat:
-    """One repeat: `concurrency` slots, each taking the next prompt as soon as its request ends."""
+    """One repeat: `concurrency` slots, each taking the next prompt as soon as its request ends,
+    over whole cycles of the prompts for at least `seconds` (its set); then fillers until the
+    set's last reply, and the fillers still running aborted."""
     start = time.perf_counter()
     loop = ClosedLoop(len(prompts), concurrency, seconds, start, first)
+    tag = f"k26-bench-{uuid.uuid4().hex[:12]}"
     records: list[GenerateRecord] = []
+    fillers: list[GenerateRecord] = []
+    running: set[str] = set()  # the fillers in flight
+    state = {"set_left": 0, "closed": False, "fillers": 0, "last_reply": start}
+    set_done = asyncio.Event()
+
+    def returned() -> None:
+        state["last_reply"] = time.perf_counter()
+        if state["closed"] and state["set_left"] == 0:
+            set_done.set()
 
     async def slot() -> None:
-        while (index := loop.take(time.perf_counter())) is not None:
-            records.append(await client.generate_unstreamed({**prompts[index], "sampling_params": sampling}))
+        while not set_done.is_set():
+            index = loop.take(time.perf_counter())
+            if index is not None:
+                state["set_left"] += 1
+                try:
+                    records.append(await client.generate_unstreamed({**prompts[index], "sampling_params": sampling}))
+                finally:
+                    state["set_left"] -= 1
+                    returned()
+                continue
+            state["closed"] = True
+            if state["set_left"] == 0:
+                returned()
+                return
+            number = state["fillers"]
+            state["fillers"] += 1
+            rid = f"{tag}-{number}"
+            running.add(rid)
+            index = (first + loop.issued + number) % len(prompts)
+            try:
+                fillers.append(await client.generate_unstreamed(
+                    {**prompts[index], "sampling_params": sampling, "rid": rid}))
+            finally:
+                running.discard(rid)
+                state["last_reply"] = time.perf_counter()
 
-    await asyncio.gather(*(slot() for _ in range(concurrency)))
-    return SteadyRepeat(time.perf_counter() - start, records)
+    slots = [asyncio.ensure_future(slot()) for _ in range(concurrency)]
+    try:
+        # Every request ends within the client's request timeout, so the set does; a slot that
+        # fails otherwise ends the wait too, and its error is raised below.
+        waiting = asyncio.ensure_future(set_done.wait())
+        await asyncio.wait([waiting, *slots], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        while True:
+            refused = [rid for rid in sorted(running) if not await client.abort(rid)]
+            if refused and len(refused) == len(running):
+                break  # the server takes no aborts: the fillers run to their end
+            _, pending = await asyncio.wait(slots, timeout=ABORT_AGAIN_S)
+            if not pending:
+                break
+        await asyncio.gather(*slots)
+    finally:
+        for task in slots:
+            task.cancel()
+    return SteadyRepeat(state["last_reply"] - start, records, fillers)
 
 
 def summarize_steady(*, context: int, concurrency: int, output_len: int, planned: int, seconds: float,
@@ -66,7 +137,7 @@ def summarize_steady(*, context: int, concurrency: int, output_len: int, planned
         concurrency=concurrency,
         output_len=output_len,
         planned=planned,
-        records=[r for repeat in repeats for r in repeat.records],
+        records=[r for repeat in repeats for r in repeat.counted],
         duration_s=sum(repeat.wall_s for repeat in repeats),
         server_info=server_info,
         interrupted=interrupted,
@@ -83,6 +154,6 @@ def summarize_steady(*, context: int, concurrency: int, output_len: int, planned
 
 
 def repeat_line(number: int, total: int, repeat: SteadyRepeat) -> str:
-    errors = sum(not r.ok for r in repeat.records)
-    line = f"repeat {number}/{total}: {repeat.tok_s:.1f} tok/s, {len(repeat.records)} requests in {repeat.wall_s:.2f}s"
+    errors = sum(not r.ok for r in repeat.counted)
+    line = f"repeat {number}/{total}: {repeat.tok_s:.1f} tok/s, {len(repeat.counted)} requests in {repeat.wall_s:.2f}s"
     return line + (f", ERRORS {errors}" if errors else "")

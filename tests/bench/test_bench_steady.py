@@ -3,6 +3,7 @@ against the stand-in server, and the issuing policy they share with the proving 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -16,6 +17,8 @@ import urllib.request
 
 import pytest
 
+from k26_ddtree.bench import steady
+from k26_ddtree.bench.client import ServerClient
 from k26_ddtree.bench.closed_loop import ClosedLoop
 from k26_ddtree.cli.main import main
 from k26_ddtree.tune.costs import load_costs
@@ -81,19 +84,41 @@ def test_steady_cells_keep_c_in_flight_in_whole_cycles_for_seconds(standin, tmp_
     for repeat in steady["repeats"]:
         assert repeat["requests"] % 6 == 0 and repeat["requests"] >= 6
         assert 0.3 <= repeat["wall_s"] < 0.3 + 2.0  # stops at the first cycle end after SECONDS
-        assert repeat["output_tokens"] == 16 * repeat["requests"] and repeat["spec_verify_ct"] == 4 * repeat["requests"]
+        # the fillers' tokens so far count too: they kept the batch at C until the set's last reply
+        assert repeat["output_tokens"] >= 16 * repeat["requests"] and repeat["spec_verify_ct"] >= 4 * repeat["requests"]
+        assert repeat["fillers"] <= 3 and repeat["fillers_aborted"] <= repeat["fillers"]
         assert repeat["tok_s"] == pytest.approx(repeat["output_tokens"] / repeat["wall_s"])
     rates = [r["tok_s"] for r in steady["repeats"]]
     assert cell["output_tok_s"] == statistics.median(rates)
     assert (steady["min_tok_s"], steady["max_tok_s"]) == (min(rates), max(rates))
     total = sum(r["requests"] for r in steady["repeats"])
     assert (cell["requests"], cell["ok"], cell["errors"], cell["has_errors"]) == (total, total, 0, False)
-    assert info["standin_unstreamed"] == total
+    assert info["standin_unstreamed"] == total + sum(r["fillers"] for r in steady["repeats"])
     assert cell["accept_length"] == pytest.approx(4.0)
     assert cell["duration_s"] == pytest.approx(sum(r["wall_s"] for r in steady["repeats"]))
     assert cell["ttft_ms"]["count"] == 0 and cell["e2e_ms"]["count"] == total
     costs = load_costs(out)  # tune's step time of a steady cell: C * accept_length / the median repeat's rate
     assert costs.tree == {4: {8: pytest.approx(4 * cell["accept_length"] / cell["output_tok_s"])}}
+
+
+def test_a_repeat_keeps_its_batch_full_with_fillers_until_its_set_is_done(standin, tmp_path):
+    replies = tmp_path / "replies.json"
+    replies.write_text(json.dumps({"long": " w" * 60, "short": " w w"}))  # a token is a word
+    server = standin(env={**SLOW, "STANDIN_REPLIES_FILE": str(replies)})
+    prompts = [{"text": "long"}, {"text": "short"}, {"text": "short"}, {"text": "short"}]
+
+    async def go():
+        async with ServerClient(server.url, None, 30.0, 2) as client:
+            return await steady.run_repeat(client, prompts, 2, {"max_new_tokens": 64}, 0.0, 0)
+
+    repeat = asyncio.run(go())
+    # one slot holds the long request (0.15 s) while the other runs the short ones, then fillers
+    # from prompt 0 on (a long one first), each aborted once the long request is in
+    assert len(repeat.records) == 4 and all(r.ok for r in repeat.records)
+    assert repeat.fillers and all(f.aborted and f.completion_tokens < 60 for f in repeat.fillers)
+    assert repeat.output_tokens == 60 + 3 * 2 + sum(f.completion_tokens for f in repeat.fillers)
+    described = repeat.describe()
+    assert described["requests"] == 4 and described["fillers_aborted"] == described["fillers"] >= 1
 
 
 def test_failed_requests_of_a_repeat_count_in_the_cell(standin, tmp_path):
