@@ -133,9 +133,13 @@ class MatrixRun:
             group.trace_file(self.args.work).unlink(missing_ok=True)
         for server in self.servers:
             old = kept.get(server.spec.name)
-            if old and server.spec.name in traced:
-                # A kept server writes no trace, or an earlier run's: start it anew, tracing.
-                say(f"{server.spec.name}: traced in this run, so the kept one is stopped and started anew")
+            if old and (server.spec.name in traced or old.get("traced")):
+                # A kept server writes no trace, or an earlier run's: start it anew, tracing. One
+                # that an earlier run traced and this one does not is started anew too: its trace
+                # writes are host work in every step the other servers do not do.
+                why = ("traced in this run" if server.spec.name in traced else
+                       "traced by the run that kept it and not by this one")
+                say(f"{server.spec.name}: {why}, so the kept one is stopped and started anew")
                 server.port, server.pid = int(old["port"]), int(old["pid"])
                 stop(server)
                 server.pid = None
@@ -193,7 +197,7 @@ class MatrixRun:
         later run reuses the kept ones and stops the rest, even when this run is killed before its
         end. keep: the servers kept at the end; None while the run goes on, when a server reused
         from a keeping run stays kept and one launched by this run is not yet."""
-        mine = {s.spec.name: {"port": s.port, "pid": s.pid, "launched_at": s.launched_at,
+        mine = {s.spec.name: {"port": s.port, "pid": s.pid, "launched_at": s.launched_at, "traced": s.traced,
                               "keep": s.reused if keep is None else s.spec.name in keep}
                 for s in self.servers if s.pid is not None and s.alive()}
         atomic.write_text(self.state, json.dumps({"fingerprint": self.fingerprint,
@@ -233,6 +237,7 @@ class MatrixRun:
             for group in self.tunes:
                 if server.spec.name == group.trace:
                     self.envs[server.spec.name][TRACE_ENV] = str(group.trace_file(args.work))
+                    server.traced = True
             if server.spec.oracle:
                 self.envs[server.spec.name].update({ORACLE_ENV: str(self.oracle_path), TOPK_HOOK_ENV: ORACLE_HOOK})
 

@@ -43,6 +43,7 @@ class Server:
     peak_mem_mib: int = 0
     pids: set = field(default_factory=set)
     retried_alone: bool = False  # its first start, beside its wave, found too little free memory
+    traced: bool = False  # writes a tune trace (a group of the run that started it traces it)
 
     @property
     def url(self) -> str:

@@ -437,12 +437,20 @@ def test_tune_groups_narrow_to_the_started_servers_and_a_kept_trace_server_start
             assert sorted(n for n in archive.getnames() if n.endswith("costs.json")) == ["tune/one/costs.json"]
         (work / "trace-one.k26").write_text("an earlier run's trace")
         done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN), "--only",
-                               "ddtree-b8-k4-real", "--cost-seconds", "0.2", run="g")
+                               "ddtree-b8-k4-real", "--keep-for", "g", "--cost-seconds", "0.2", run="g")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
         assert "ddtree-b8-k4-real: traced in this run, so the kept one is stopped and started anew" in done.stdout
         by_name = {s["name"]: s for s in report["servers"]}
         assert by_name["ar"]["reused"] and not by_name["ddtree-b8-k4-real"]["reused"]
         assert not (work / "trace-one.k26").exists() and "tune one: no trace; not run" in done.stdout
+        spec["tunes"] = {}
+        matrix.write_text(json.dumps(spec))
+        done, report = run_e2e(tmp_path, models, matrix, {}, "--patched-site", str(STANDIN), "--only",
+                               "ddtree-b8-k4-real", run="g")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        assert ("ddtree-b8-k4-real: traced by the run that kept it and not by this one, so the kept one is "
+                "stopped and started anew") in done.stdout, "a table never measures a tracing server"
+        assert not {s["name"]: s for s in report["servers"]}["ddtree-b8-k4-real"]["reused"]
     finally:
         state = json.loads((work / "servers.json").read_text())
         for kept in state["servers"].values():

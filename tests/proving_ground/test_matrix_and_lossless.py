@@ -141,10 +141,11 @@ def test_an_emulated_box_table_is_one_server_set_over_chained_runs_with_an_aa_pa
     spec = matrix.load(MATRIX)
     for box in ("pcie-ep8", "nvlink-tp8-nvls"):
         runs = [run for run in BOX_RUNS if run.startswith(box + "-")]
-        servers = {tuple(spec["runs"][run]) for run in runs}
-        assert len(servers) == 1, "each call reuses the servers the previous one kept"
-        names = servers.pop()
-        assert {"ar", "dflash-weak", "dflash-weak-twin"} <= set(names)
+        singles = spec["runs"][f"{box}-a"]
+        assert spec["runs"][f"{box}-tune"] == singles, "the tune call reuses the started servers"
+        assert all(spec["runs"][run] == singles + ["ddtree-stuned-weak"] for run in runs[1:]), \
+            "each table call reuses the servers the previous one kept, and serves tune's schedule beside them"
+        assert {"ar", "dflash-weak", "dflash-weak-twin"} <= set(singles)
         assert runs[0] not in spec["speed_runs"] and spec["run_cells"][runs[0]] == [], "the first call starts them"
         cells = [c for run in runs[1:] for c in spec["speed"]["run_cells"][run]]
         assert sorted(cells) == sorted(["greedy-c1", "greedy-c4", "greedy-c16", "greedy-c64", "greedy-c128",
@@ -154,6 +155,19 @@ def test_an_emulated_box_table_is_one_server_set_over_chained_runs_with_an_aa_pa
         big = {run for run in runs[1:] if {"greedy-c64", "greedy-c128"} & set(spec["speed"]["run_cells"][run])}
         assert all(len(spec["speed"]["run_cells"][run]) == 1 for run in big), "C=64 and C=128 a call each"
         assert {run: spec["run_settings"][run]["new_tokens"] for run in big} == dict.fromkeys(big, 64)
+
+
+def test_a_box_tune_traces_the_prompts_its_tables_do_not_serve():
+    spec = matrix.load(MATRIX)
+    for box in ("pcie-ep8", "nvlink-tp8-nvls"):
+        run = f"{box}-tune"
+        settings = spec["run_settings"][run]
+        assert settings["prompt_offset"] == settings["prompts"] == 64, "prompts 64-127: the tables serve 0-63"
+        assert run not in spec["speed_runs"] and spec["run_cells"][run] == ["ddtree-b8-k4-weak"]
+        (group,) = spec["tunes"][run].values()
+        assert group["trace"] == "ddtree-b8-k4-weak" and "--spine=off" in group["args"]
+        assert set(group["costs"]) <= set(spec["runs"][run]) and "dflash-weak" in group["costs"]
+        assert "ddtree-stuned-weak" in spec["last_wave"], "the schedule server starts after the others"
 
 
 def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
