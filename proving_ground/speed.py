@@ -11,8 +11,9 @@ requests in flight (a closed loop: a finished request's slot takes the next
 at once); once the set is sent, free slots take fillers, the prompts after
 it, until the set's last reply, and the fillers still running are then
 aborted. Its rate is every token made, an aborted filler's so far, over the
-time from its first request to its last reply, all of which had every slot
-busy: a speculative request's steps depend on its prompt, so a repeat that
+time from its first request to its last reply: every slot busy until the
+set's last reply, all but that one until the aborts take effect a step or two
+later. A speculative request's steps depend on its prompt, so a repeat that
 let its batch thin out while its slowest requests finished would be rated
 below the serving rate at that concurrency, which AR's equal-length requests
 never are. Rounds run every server once, the order rotated by r; a round the
@@ -240,7 +241,9 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
     """The set `order` served with `concurrency` requests in flight (a closed loop: a finished
     request's slot takes the next at once). Once the set is sent, free slots take fillers, the
     prompts after it, until the set's last reply; then the fillers still running are aborted.
-    So every slot is busy until the set is done, and every server serves the same set.
+    So every slot is busy until the set is done, and every server serves the same set. The
+    aborts go out at once, and again while fillers still run (an abort that reaches the server
+    before its request is dropped there); an interrupted repeat aborts what it left running.
     (Repeat, [(prompt index, reply)]): the set's replies and the fillers', an aborted one
     holding the tokens made before its abort."""
     if len(order) < concurrency:
@@ -262,7 +265,7 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
                     return
                 number = state["issued"]
                 state["issued"] += 1
-                rid = f"{tag}-{number}"
+                rid = f"{tag}-{number:06d}"  # SGLang aborts every rid that starts with the one named
                 in_flight.add(rid)
             index = order[number] if number < len(order) else (order[-1] + 1 + number - len(order)) % len(prompts)
             reply = None
@@ -271,32 +274,46 @@ def run_repeat(send: Send, abort: Abort, url: str, prompts: list[list[int]], par
             except (OSError, ValueError, http.client.HTTPException) as err:
                 reply = {"error": f"{type(err).__name__}: {err}"}
             finally:
-                # also when send fails otherwise: the set still ends, and the failure is raised below
                 with lock:
                     in_flight.discard(rid)
                     if reply is not None:
                         finished.append((index, reply, time.perf_counter() - start))
                     if number < len(order):
                         state["set_left"] -= 1
-                        if state["set_left"] == 0:
-                            state["stopping"] = True
-                            set_done.set()
+                    # a send that failed otherwise ends the repeat: its failure is raised below
+                    if state["set_left"] == 0 or reply is None:
+                        state["stopping"] = True
+                        set_done.set()
 
-    pool = ThreadPoolExecutor(max_workers=concurrency)
-    slots = [pool.submit(slot) for _ in range(concurrency)]
-    set_done.wait()  # every request ends within send's own timeout, with a reply, an error or a raise
-    set_end = time.perf_counter() - start
-    while True:
+    def abort_running() -> None:
         with lock:
             running = sorted(in_flight)
-        for rid in running:
+
+        def one(rid: str) -> None:
             try:
                 abort(url, rid)
             except (OSError, ValueError, http.client.HTTPException):
                 pass  # a filler that never ends is counted late
-        if not wait(slots, timeout=ABORT_AGAIN_S).not_done:
-            break
-    pool.shutdown()
+
+        # at once, not one by one: the batch thins while they go out
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(running)))) as aborts:
+            list(aborts.map(one, running))
+
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    slots = [pool.submit(slot) for _ in range(concurrency)]
+    try:
+        set_done.wait()  # every request ends within send's own timeout, with a reply, an error or a raise
+        set_end = time.perf_counter() - start
+        while True:
+            abort_running()
+            if not wait(slots, timeout=ABORT_AGAIN_S).not_done:
+                break
+    finally:
+        # Interrupted too: nothing more is sent, and what runs is asked to end.
+        with lock:
+            state["stopping"] = True
+        abort_running()
+        pool.shutdown()
     for done in slots:
         done.result()
     cpu = host_cpu(cpu_before, cpu_times())

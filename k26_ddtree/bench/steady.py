@@ -97,7 +97,7 @@ async def run_repeat(client: ServerClient, prompts: list[dict], concurrency: int
                 return
             number = state["fillers"]
             state["fillers"] += 1
-            rid = f"{tag}-{number}"
+            rid = f"{tag}-{number:06d}"  # SGLang aborts every rid that starts with the one named
             running.add(rid)
             index = (first + loop.issued + number) % len(prompts)
             try:
@@ -107,24 +107,36 @@ async def run_repeat(client: ServerClient, prompts: list[dict], concurrency: int
                 running.discard(rid)
                 state["last_reply"] = time.perf_counter()
 
+    async def abort_running() -> bool:
+        """Asks the server to end every filler still running, all at once (the batch thins while
+        they go out); False where it refused them all."""
+        asked = sorted(running)
+        taken = await asyncio.gather(*(client.abort(rid) for rid in asked))
+        return not asked or any(taken)
+
     slots = [asyncio.ensure_future(slot()) for _ in range(concurrency)]
+    waiting = asyncio.ensure_future(set_done.wait())
     try:
         # Every request ends within the client's request timeout, so the set does; a slot that
         # fails otherwise ends the wait too, and its error is raised below.
-        waiting = asyncio.ensure_future(set_done.wait())
         await asyncio.wait([waiting, *slots], return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
-        while True:
-            refused = [rid for rid in sorted(running) if not await client.abort(rid)]
-            if refused and len(refused) == len(running):
-                break  # the server takes no aborts: the fillers run to their end
+        while await abort_running():
             _, pending = await asyncio.wait(slots, timeout=ABORT_AGAIN_S)
             if not pending:
                 break
+        # where the server takes no aborts, the fillers run to their end
         await asyncio.gather(*slots)
     finally:
-        for task in slots:
-            task.cancel()
+        waiting.cancel()
+        if not all(task.done() for task in slots):
+            # Interrupted: what runs on the server is asked to end before the tasks are dropped.
+            set_done.set()
+            try:
+                await asyncio.wait_for(abort_running(), ABORT_AGAIN_S * 8)
+            except asyncio.TimeoutError:
+                pass  # best effort: the error or interruption that got here is what is raised
+            for task in slots:
+                task.cancel()
     return SteadyRepeat(state["last_reply"] - start, records, fillers)
 
 

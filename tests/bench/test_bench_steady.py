@@ -128,7 +128,8 @@ def test_failed_requests_of_a_repeat_count_in_the_cell(standin, tmp_path):
                  "--output-len", "16", "--requests", "4", "--warmup", "0", "--steady", "0.1", "--repeats", "2",
                  "--quiet") == 1
     (cell,) = only_run(out)["cells"]
-    assert cell["has_errors"] and cell["errors"] == cell["requests"] // 5
+    # every 5th /generate of the server's fails, fillers' too: a failed filler is a failed request of the cell
+    assert cell["has_errors"] and cell["errors"] >= 1
     assert cell["ok"] + cell["errors"] == sum(r["requests"] for r in cell["steady"]["repeats"])
 
 

@@ -367,6 +367,18 @@ def test_a_send_that_fails_unexpectedly_ends_the_repeat_and_is_raised(standin_ur
     with pytest.raises(RuntimeError, match="the client broke"):
         speed.run_repeat(send, _abort, standin_url, [[i] for i in range(4)], {}, 2, [0, 1])
 
+    def broken(url, ids, params, rid):
+        raise RuntimeError("the client broke")
+
+    raised = []
+    # every slot's first send fails, the set's rest is never sent: the repeat must still end
+    repeat = threading.Thread(target=lambda: raised.append(pytest.raises(RuntimeError, speed.run_repeat, broken, _abort,
+                                                                         standin_url, [[i] for i in range(4)], {}, 2,
+                                                                         [0, 1, 2, 3])))
+    repeat.start()
+    repeat.join(timeout=20)
+    assert not repeat.is_alive() and raised, "a repeat whose every send failed hung"
+
 
 def test_an_aborted_output_is_checked_up_to_where_it_stopped():
     aborted = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "abort"}}}
