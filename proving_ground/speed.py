@@ -18,9 +18,10 @@ let its batch thin out while its slowest requests finished would be rated
 below the serving rate at that concurrency, which AR's equal-length requests
 never are. Rounds run every server once, the order rotated by r; a round the
 deadline leaves no time for is not started, so a drift of the machine during
-the cell shifts every server alike and the ratios stay fair. Each cell reports the median, min and max tok/s over
-its repeats and its acceptance; every greedy output, an aborted filler up to
-where it stopped, is also checked against the AR reference (lossless).
+the cell shifts every server alike and the ratios stay fair. Each cell reports
+the median, min and max tok/s over its repeats and its acceptance; every
+greedy output, an aborted filler's up to where it stopped, is also checked
+against the AR reference (lossless).
 
 Only one workload is on the GPU at a time: the runner calls measure() once
 everything else is done.
@@ -400,9 +401,10 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
             rates.append(latency["tok_per_s"])
             decode_rates.append(latency["decode_tok_per_s"])
         count = repeat_count(concurrency, max(decode_rates, default=0.0), spec.new_tokens, spec.min_seconds)
-        # Before a round has run: every server as slow as the slowest warm pass, its set's slowest
-        # requests twice the mean.
-        round_s = 2 * len(servers) * count * spec.new_tokens / max(min(rates, default=0.0), 1e-9)
+        # Before a round has run: every server as slow as the slowest warm pass, and above C=1 a
+        # set's last request twice as long as the mean (one slot serves its set in turn).
+        tail = 2.0 if concurrency > 1 else 1.0
+        round_s = tail * len(servers) * count * spec.new_tokens / max(min(rates, default=0.0), 1e-9)
         kept, r, first, grown = 0, 0, 0, []
         while kept < spec.repeats:
             if time.time() + round_s > deadline:
