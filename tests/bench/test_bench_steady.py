@@ -86,7 +86,8 @@ def test_steady_cells_keep_c_in_flight_in_whole_cycles_for_seconds(standin, tmp_
         assert 0.3 <= repeat["wall_s"] < 0.3 + 2.0  # stops at the first cycle end after SECONDS
         # the fillers' tokens so far count too: they kept the batch at C until the set's last reply
         assert repeat["output_tokens"] >= 16 * repeat["requests"] and repeat["spec_verify_ct"] >= 4 * repeat["requests"]
-        assert repeat["fillers"] <= 3 and repeat["fillers_aborted"] <= repeat["fillers"]
+        # a slot may run several fillers; only those still running at the set's end are aborted
+        assert repeat["fillers_aborted"] <= min(3, repeat["fillers"])
         assert repeat["tok_s"] == pytest.approx(repeat["output_tokens"] / repeat["wall_s"])
     rates = [r["tok_s"] for r in steady["repeats"]]
     assert cell["output_tok_s"] == statistics.median(rates)
