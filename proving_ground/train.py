@@ -6,6 +6,8 @@
 
     python -m proving_ground.train --out DIR --redraft [--time-budget 150]
 
+    python -m proving_ground.train --out DIR --check-determinism
+
 Writes DIR/target (DeepseekV3ForCausalLM + tokenizer), DIR/drafter, DIR/drafter-weak,
 DIR/drafter-weaker and DIR/drafter-mid (DFlashDraftModel), DIR/prompts.json (128 prompts as
 token ids: the first 64 served in tables, the rest traced for tune), DIR/train_report.json and
@@ -21,6 +23,11 @@ its simulated acceptance stops improving. The goal drafters are that
 training's weights where linear DFlash first accepted their goal: "weak" where the field's K2.6
 figures put a DFlash drafter on real text, "weaker" below it, "mid" above. --redraft trains the
 drafters anew against a carried target.
+Training is reproducible: fixed step counts (the time budget only guards them, and the report
+says when it cut one), seeded batches, and torch's deterministic algorithms, so a pair made on
+another call or machine of the same kind has the same `pair_sha256` (train_report.json) and
+results measured on either belong to one model. --check-determinism makes a small pair twice
+and compares them bit for bit.
 acceptance.json holds, for every drafter, the exact greedy acceptance of every tree shape along
 the served prompts' continuations, both along the walk a server takes and averaged over every
 starting point (proving_ground.acceptance), and the rank of the true token at each draft depth.
@@ -29,7 +36,9 @@ starting point (proving_ground.acceptance), and the rank of the true token at ea
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -93,9 +102,11 @@ class Knobs:
     draft_batch: int = 32  # sequences per step; every position of each roots a block
     target_eval_every: int = 200
     target_min_steps: int = 600
+    target_max_steps: int = 2000
     draft_eval_every: int = 10  # steps between acceptance checks (a goal drafter is taken at one)
     draft_plateau_evals: int = 10  # checks between the plateau test and the log line
     draft_min_steps: int = 1000
+    draft_max_steps: int = 800
     report_new_tokens: int = corpus.CONTINUATION_TOKENS
     eval_new_tokens: int = EVAL_NEW_TOKENS
     corpus_bytes: int = corpus.MAX_BYTES
@@ -105,9 +116,30 @@ class Knobs:
     distill: int = 1024  # the target's own continuations the drafters train on
 
 
-SMOKE = Knobs(target_batch=2, draft_batch=2, target_eval_every=2, target_min_steps=2,
-              draft_eval_every=2, draft_plateau_evals=1, draft_min_steps=2, eval_new_tokens=12, report_new_tokens=12,
-              corpus_bytes=60_000, seq_len=64, prompts=8, served=4, distill=8)
+SMOKE = Knobs(target_batch=2, draft_batch=2, target_eval_every=2, target_min_steps=2, target_max_steps=40,
+              draft_eval_every=2, draft_plateau_evals=1, draft_min_steps=2, draft_max_steps=40, eval_new_tokens=12,
+              report_new_tokens=12, corpus_bytes=60_000, seq_len=64, prompts=8, served=4, distill=8)
+# --check-determinism: every kind of step the real pair takes, few of each.
+CHECK = Knobs(target_eval_every=50, target_min_steps=0, target_max_steps=100, draft_eval_every=10,
+              draft_plateau_evals=2, draft_min_steps=0, draft_max_steps=40, report_new_tokens=64, distill=64)
+# What a pair is: its weights, tokenizer and prompts (the reports carry timings, which vary).
+PAIR_FILES = ("*/model.safetensors", "target/tokenizer.json", "prompts.json")
+
+
+def make_deterministic() -> None:
+    """Before any CUDA work: cuBLAS needs a fixed workspace to be deterministic, and torch then
+    takes deterministic kernels where it has them (gather's and SDPA's backward among them);
+    where it has none it warns, and --check-determinism shows what that costs."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def pair_digest(out: Path) -> str:
+    """SHA256 over the pair's files (PAIR_FILES), each with its path: equal digests, equal models."""
+    digest = hashlib.sha256()
+    for path in sorted({p for pattern in PAIR_FILES for p in out.glob(pattern)}):
+        digest.update(str(path.relative_to(out)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def amp(device: torch.device):
@@ -178,8 +210,11 @@ def train_target(target, data, device, seed: int, deadline: float, prompts, offs
     MEMORIZED of the tokens, with a median top-1/top-2 gap over GAP_GOAL, or the deadline."""
     opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
-    step, gaps, loss = 0, [0.0], float("nan")
-    while time.time() < deadline:
+    step, gaps, loss, stopped_by = 0, [0.0], float("nan"), "steps"
+    while step < knobs.target_max_steps:
+        if time.time() >= deadline:
+            stopped_by = "time budget"
+            break
         batch = sample_windows(data, knobs.target_batch, knobs.seq_len, gen).to(device)
         with amp(device):
             logits, _ = target(batch[:, :-1])
@@ -194,8 +229,9 @@ def train_target(target, data, device, seed: int, deadline: float, prompts, offs
             same = statistics.mean(text_shares(seqs, prompts, offsets, data))
             log(f"target step {step} loss {loss:.3f} median gap {statistics.median(gaps):.2f} same as text {same:.3f}")
             if statistics.median(gaps) > GAP_GOAL and same >= MEMORIZED and step >= knobs.target_min_steps:
+                stopped_by = "goal"
                 break
-    return {"steps": step, "final_loss": loss}
+    return {"steps": step, "final_loss": loss, "stopped_by": stopped_by}
 
 
 def block_logits(target, drafter, windows: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -273,9 +309,12 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
     {goal name: (state_dict, step)}); a goal never reached is absent."""
     opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed + 7)
-    step, best, loss = 0, 0.0, float("nan")
+    step, best, loss, stopped_by = 0, 0.0, float("nan"), "steps"
     snapshots: dict[str, tuple[dict, int]] = {}
-    while time.time() < deadline:
+    while step < knobs.draft_max_steps:
+        if time.time() >= deadline:
+            stopped_by = "time budget"
+            break
         windows = data[torch.randint(0, data.shape[0], (knobs.draft_batch,), generator=gen)].to(device)
         logits, labels = draft_batch(target, drafter, windows)
         loss_t = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -293,11 +332,13 @@ def train_drafter(target, drafter, data, device, seed, deadline, greedy_seqs, pr
             if step // knobs.draft_eval_every % knobs.draft_plateau_evals == 0:
                 log(f"drafter step {step} loss {loss:.3f} simulated acceptance {acc:.2f}")
                 if stop_at_goals and len(snapshots) == len(goals):
+                    stopped_by = "goals"
                     break
                 if not stop_at_goals and acc <= best + 0.02 and step >= knobs.draft_min_steps:
+                    stopped_by = "plateau"
                     break
                 best = max(best, acc)
-    return {"steps": step, "final_loss": loss}, snapshots
+    return {"steps": step, "final_loss": loss, "stopped_by": stopped_by}, snapshots
 
 
 def new_drafter(seed: int, device):
@@ -414,7 +455,10 @@ def add_drafter(out: Path, name: str, time_budget: float, device: torch.device, 
     reports["train_report.json"][f"drafter_{name}"] = info
     save_drafter(drafter, tok, out / DRAFTER_DIRS[name])
     for file, doc in reports.items():
-        atomic.write_text(out / file, json.dumps(doc, indent=1) + "\n")
+        if file == "train_report.json":
+            write_train_report(out, doc)
+        else:
+            atomic.write_text(out / file, json.dumps(doc, indent=1) + "\n")
     return info
 
 
@@ -506,8 +550,7 @@ def redraft(out: Path, time_budget: float, device: torch.device, text_root: Path
     report = reports["train_report.json"]
     report = {k: v for k, v in report.items() if not k.startswith("drafter")} | made["reports"]
     save_drafters(out, drafters, tok, made["acceptance"], knobs)
-    atomic.write_text(out / "train_report.json", json.dumps(report, indent=1) + "\n")
-    return report
+    return write_train_report(out, report)
 
 
 def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, text_root: Path,
@@ -547,16 +590,40 @@ def make_pair(out: Path, seed: int, time_budget: float, device: torch.device, te
          "prompts": [{"text": tok.decode(ids), "input_ids": ids, "text_offset": o} for ids, o in zip(prompts, offsets)]},
         indent=1) + "\n")
     report.update(torch=torch.__version__, device=device_name(device))
+    return write_train_report(out, report)
+
+
+def write_train_report(out: Path, report: dict) -> dict:
+    """train_report.json, last, with the digest of the pair now on disk, and whether a time budget
+    cut a training (then another run of the same recipe makes another pair)."""
+    cut = [name for name, part in report.items() if isinstance(part, dict) and part.get("stopped_by") == "time budget"]
+    report = dict(report, pair_sha256=pair_digest(out), reproducible=not cut, cut_by_time_budget=cut)
+    if cut:
+        log(f"WARNING: the time budget cut {', '.join(cut)}: this pair is not the recipe's (raise --time-budget)")
     atomic.write_text(out / "train_report.json", json.dumps(report, indent=1) + "\n")
     return report
+
+
+def check_determinism(out: Path, seed: int, device: torch.device, text_root: Path, knobs: Knobs = CHECK) -> bool:
+    """Make the same small pair twice (out/first, out/second) and compare them bit for bit."""
+    digests = []
+    for name in ("first", "second"):
+        shutil.rmtree(out / name, ignore_errors=True)
+        (out / name).mkdir(parents=True)
+        digests.append(make_pair(out / name, seed, float("inf"), device, text_root, knobs)["pair_sha256"])
+    same = digests[0] == digests[1]
+    log(f"determinism: the pair made twice is {'bit-identical' if same else 'DIFFERENT'} "
+        f"({digests[0][:16]}{'' if same else ' against ' + digests[1][:16]})")
+    return same
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m proving_ground.train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="folder for target/, drafter*/, prompts.json")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--time-budget", type=float, default=150.0,
-                        help="seconds for all the trainings together (--add-drafter: for that one drafter)")
+    parser.add_argument("--time-budget", type=float, default=480.0,
+                        help="the most seconds for all the trainings together (--add-drafter: for that one "
+                             "drafter); a guard: the recipe's step counts end them, and the report says if it cut one")
     parser.add_argument("--device", default="cuda", help="torch device (cpu: --smoke, or --add-drafter)")
     parser.add_argument("--text-root", type=Path,
                         help="the package folder whose Python source is the text (default: the installed sglang)")
@@ -567,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="train every drafter anew against the target already in --out, replacing them")
     parser.add_argument("--replace", action="store_true",
                         help="with --add-drafter: train it even where --out already has a drafter of that name")
+    parser.add_argument("--check-determinism", action="store_true",
+                        help="make a small pair twice under --out and compare them bit for bit (exit 1 if they differ)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -574,8 +643,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train: no CUDA GPU here (use {hint})", file=sys.stderr)
         return 2
     knobs = SMOKE if args.smoke else Knobs()
+    if device.type == "cuda":  # the CPU's kernels are deterministic as they are
+        make_deterministic()
     try:
         root = args.text_root or corpus.package_root()
+        if args.check_determinism:
+            return 0 if check_determinism(args.out, args.seed, device, root, SMOKE if args.smoke else CHECK) else 1
         if args.redraft:
             redraft(args.out, args.time_budget, device, root, knobs)
         elif args.add_drafter:

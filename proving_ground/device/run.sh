@@ -65,17 +65,24 @@ else
   # The step graphs and kernels are checked beside the training: a failure there ends the run
   # before any server starts.
   step "graph_check in the background; make the model pairs (corpus, tokenizer, training)"
+  # Beside them, a small pair made twice and compared: whether this machine's training is
+  # deterministic, so that the same recipe on a later call makes the same pair (pair_sha256).
   python3 proving_ground/device/graph_check.py > "$K/graph_check.txt" 2>&1 &
   CHECK_PID=$!
+  python3 -m proving_ground.train --out "$K/determinism" --check-determinism > "$K/determinism.txt" 2>&1 &
+  DETERMINISM_PID=$!
   rm -rf "$K/models"
-  python3 -m proving_ground.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-120}" || exit 1
+  python3 -m proving_ground.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-480}" || exit 1
   tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
   echo trained > "$K/models/.k26-model"
+  wait "$DETERMINISM_PID"
+  grep -E "determinism:|Warning|Error" "$K/determinism.txt" | sort | uniq -c | head -20
 fi
+step "the pair: $(python3 -c "import json; r = json.load(open('$K/models/train_report.json')); print('pair_sha256', r.get('pair_sha256'), 'reproducible', r.get('reproducible'))")"
 if [ "$(cat "$K/models/.k26-model")" != "$WANT_MODEL" ]; then
   # Every drafter trained anew against the pair's target (train --redraft); the archive comes back.
   step "redraft: every drafter trained anew against the carried target"
-  python3 -m proving_ground.train --out "$K/models" --redraft --time-budget "${K26_TRAIN_BUDGET:-150}" || exit 1
+  python3 -m proving_ground.train --out "$K/models" --redraft --time-budget "${K26_TRAIN_BUDGET:-480}" || exit 1
   tar -C "$K/models" --exclude=.k26-model -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
   echo "$WANT_MODEL" > "$K/models/.k26-model"
 fi

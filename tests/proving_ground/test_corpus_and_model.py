@@ -193,6 +193,36 @@ def test_smoke_training_writes_the_pair_its_prompts_and_their_acceptance(smoke_p
         assert set(table[kind]["rank_histogram"]) == {str(d) for d in range(1, tinymodel.BLOCK_SIZE)}
 
 
+def test_the_report_names_the_pair_by_the_digest_of_its_weights_tokenizer_and_prompts(smoke_pair, tmp_path):
+    report = json.loads((smoke_pair / "train_report.json").read_text())
+    assert report["pair_sha256"] == train.pair_digest(smoke_pair)
+    assert report["reproducible"] == (not report["cut_by_time_budget"])
+    copy = tmp_path / "pair"
+    shutil.copytree(smoke_pair, copy)
+    (copy / "train_report.json").write_text("{}")  # timings vary between runs: not part of the pair
+    assert train.pair_digest(copy) == report["pair_sha256"]
+    weights = copy / "drafter-weak" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
+    assert train.pair_digest(copy) != report["pair_sha256"]
+
+
+def test_the_same_recipe_makes_the_same_pair_and_the_check_says_so(text_root, tmp_path, capsys):
+    assert train.main(["--out", str(tmp_path), "--check-determinism", "--device", "cpu", "--smoke",
+                       "--text-root", str(text_root)]) == 0
+    assert "bit-identical" in capsys.readouterr().out
+    first, second = (json.loads((tmp_path / n / "train_report.json").read_text()) for n in ("first", "second"))
+    assert first["pair_sha256"] == second["pair_sha256"] == train.pair_digest(tmp_path / "second")
+    assert first["reproducible"] and first["target"]["stopped_by"] in ("goal", "steps")
+
+
+def test_a_training_the_time_budget_cuts_is_reported_not_reproducible(text_root, tmp_path):
+    report = train.make_pair(tmp_path, 0, time_budget=0.0, device=torch.device("cpu"), text_root=text_root,
+                             knobs=train.SMOKE)
+    assert report["target"] == dict(report["target"], steps=0, stopped_by="time budget")
+    assert not report["reproducible"] and "target" in report["cut_by_time_budget"]
+    assert json.loads((tmp_path / "train_report.json").read_text())["reproducible"] is False
+
+
 def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(smoke_pair, text_root, tmp_path,
                                                                              capsys):
     tmp_path = tmp_path / "pair"
