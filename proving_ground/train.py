@@ -516,7 +516,8 @@ def trained_drafters(target, data: torch.Tensor, greedy: list[list[int]], prompt
 
 def make_drafters(target, data: torch.Tensor, served: list[list[int]], greedy: list[list[int]],
                   seed: int, deadline: float, device, knobs: Knobs) -> tuple[dict, dict]:
-    """The drafter trained until the deadline or until its acceptance stops improving ("real"),
+    """The drafter trained for draft_max_steps, or until its acceptance stops improving past
+    draft_min_steps ("real"; the deadline only guards),
     and every goal drafter taken from that training; greedy: the served prompts' continuations,
     which judge them. (drafters {name: module}, their reports)."""
     prompt_lens = [len(p) for p in served]
