@@ -6,8 +6,9 @@ batch-size schedule named in `matrix.json` "schedules" (or given to the runner w
 a DDTree name optionally suffixed `-spine`
 (--speculative-ddtree-spine), any name optionally suffixed `-tp2` (tensor parallel over two
 GPUs) or `-tp2-ep2` (and expert parallel, the PCIe profile's shape at small scale), and then
-`-eager` (no CUDA graphs), and last `-twin`: a second server of the same config (an A/A pair
-shows what a table resolves).
+`-eager` (no CUDA graphs), then `-sglang<X.Y.Z>` (served from that SGLang version's site, which
+the runner gets with --site-for; without it, --site's version), and last `-twin`: a second server
+of the same config (an A/A pair shows what a table resolves).
 The drafter: `real` is the trained drafter (near perfect), `weak` the field-like one (less
 capacity, stopped where linear DFlash accepts about 3.6 of 8, as K2.6's drafter does on real
 text), `weaker` the same stopped lower, `mid` the same trained on to about 5, `oracle` the trained
@@ -36,7 +37,7 @@ _NAME = re.compile(
     r"^(ar|dflash(?:-(?P<dflash_drafter>weak|weaker|mid))?"
     r"|ddtree-(?:b(?P<b>\d+)-k(?P<k>\d+)|s(?P<s>" + SCHEDULE_NAME.pattern + r"))"
     r"-(?P<drafter>real|weak|weaker|mid|oracle)(?P<spine>-spine)?)(?P<tp>-tp2(?P<ep>-ep2)?)?(?P<eager>-eager)?"
-    r"(?P<twin>-twin)?$"
+    r"(?P<sglang>-sglang(?P<sglang_version>\d+\.\d+\.\d+))?(?P<twin>-twin)?$"
 )
 # The drafter checkpoint folder of each drafter kind, under the models folder.
 DRAFTER_DIRS = {"real": "drafter", "oracle": "drafter", "weak": "drafter-weak", "weaker": "drafter-weaker",
@@ -59,6 +60,7 @@ class ServerSpec:
     tp: int = 1
     ep: int = 1
     schedule: str | None = None  # --speculative-ddtree-budget-schedule, instead of budget/topk
+    sglang: str | None = None  # served from that SGLang version's site (--site-for) instead of --site's
 
     @property
     def speculative(self) -> bool:
@@ -75,7 +77,7 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
     if not m:
         raise UserError(f"server name {name!r}: expected ar, dflash[-weak|-weaker|-mid] or "
                         "ddtree-<b<B>-k<K>|s<SCHEDULE>>-<real|weak|weaker|mid|oracle>[-spine], "
-                        "optionally with -tp2 or -tp2-ep2, then -eager, then -twin")
+                        "optionally with -tp2 or -tp2-ep2, then -eager, then -sglang<X.Y.Z>, then -twin")
     shape = _variant(m)
     if name.startswith("ar"):
         return ServerSpec(name, "AR", **shape)
@@ -101,11 +103,11 @@ def parse_server(name: str, schedules: dict[str, str] | None = None) -> ServerSp
 def _variant(m: re.Match) -> dict:
     """The drafter, parallelism and graphs a matched name asks for, whatever it serves."""
     return dict(drafter=m.group("drafter") or m.group("dflash_drafter") or "real", eager=bool(m.group("eager")),
-                tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1)
+                tp=2 if m.group("tp") else 1, ep=2 if m.group("ep") else 1, sglang=m.group("sglang_version"))
 
 
 def variant(server: str) -> dict | None:
-    """{drafter, eager, tp, ep} of a server name (a schedule server's too, its schedule unchecked);
+    """{drafter, eager, tp, ep, sglang} of a server name (a schedule server's too, its schedule unchecked);
     None for a name that is not one."""
     m = _NAME.match(server)
     return _variant(m) if m else None

@@ -15,6 +15,9 @@
 # K26_WIDE=1 serves the widened target instead (the pair's target widened here, K26_WIDEN_ARGS).
 # K26_BOX=NAME serves the K2.6 cost emulator of box NAME (proving_ground/emulator/boxes/NAME.json).
 # K26_REDRAFT=1 trains every drafter anew against the carried target first (model.tar.xz back).
+# K26_SITE_SGLANG=VERSION: the bundle in $G is that SGLang version's; it is installed as
+# /tmp/k26/site-sglangVERSION beside the default site an earlier call installed, and serves the
+# servers named -sglangVERSION (K26_GPU_DIR names the folder that carries it).
 set -uo pipefail
 RUN=${1:?usage: bash proving_ground/device/run.sh RUN}
 OUT=${OUT:-$PWD/gpu-out}
@@ -26,22 +29,38 @@ mkdir -p "$OUT" "$K"
 exec > >(tee -a "$OUT/run.log") 2>&1
 step() { echo "[run.sh $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
-BUNDLE_SHA=$(cut -d' ' -f1 "$G"/k26-site-py3.12-sm90.tar.xz.sha256 2>/dev/null)
-[ -n "$BUNDLE_SHA" ] || { echo "run.sh: $G/k26-site-py3.12-sm90.tar.xz.sha256 is missing (build the bundle: docs/proving-ground.md)"; exit 2; }
-if [ "$(cat "$K/site/.k26-bundle" 2>/dev/null)" = "$BUNDLE_SHA" ]; then
-  step "offline bundle already installed (warm machine): reusing $K/site"
+# install_site SITE: the bundle carried in $G installed as SITE, unless a warm machine has it there.
+install_site() {
+  local site=$1 archive sha
+  archive=$(ls "$G"/k26-site-py3.12-sm90*.tar.xz 2>/dev/null)
+  sha=$(cut -d' ' -f1 "$archive.sha256" 2>/dev/null)
+  [ "$(printf '%s\n' "$archive" | grep -c .)" = 1 ] && [ -n "$sha" ] || {
+    echo "run.sh: $G must hold one k26-site-py3.12-sm90*.tar.xz and its .sha256 (build the bundle: docs/proving-ground.md)"; exit 2; }
+  if [ "$(cat "$site/.k26-bundle" 2>/dev/null)" = "$sha" ]; then
+    step "offline bundle already installed (warm machine): reusing $site"
+  else
+    step "install the offline bundle $(basename "$archive") as $site"
+    rm -rf "$K/k26-bundle" "$site"
+    tar -xJf "$archive" -C "$K" || exit 1
+    sh "$K/k26-bundle/install.sh" "$site" || exit 1
+    echo "$sha" > "$site/.k26-bundle"
+  fi
+  step "refresh k26_ddtree in $site from this working tree, with the proving ground beside it (its test-only hooks load by dotted path)"
+  rm -rf "$site/k26_ddtree"
+  python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from k26_ddtree.repro import bundle; bundle.copy_self(Path('$site'))" || exit 1
+  rm -rf "$site/proving_ground" && cp -r proving_ground "$site/proving_ground" || exit 1
+}
+if [ -n "${K26_SITE_SGLANG:-}" ]; then
+  # The carried bundle is another SGLang version's, served beside the default one's: that one
+  # (the pair's training, AR, and servers without -sglangVERSION) must be here from an earlier call.
+  [ -f "$K/site/.k26-bundle" ] || {
+    echo "run.sh: K26_SITE_SGLANG=$K26_SITE_SGLANG needs the default bundle installed by an earlier call on this machine"; exit 2; }
+  install_site "$K/site-sglang$K26_SITE_SGLANG"
+  step "default site (warm machine): reusing $K/site"
 else
-  step "install the offline bundle"
-  rm -rf "$K/k26-bundle" "$K/site" "$K/site-ddtree"
-  tar -xJf "$G"/k26-site-py3.12-sm90.tar.xz -C "$K" || exit 1
-  sh "$K/k26-bundle/install.sh" "$K/site" || exit 1
-  echo "$BUNDLE_SHA" > "$K/site/.k26-bundle"
+  install_site "$K/site"
 fi
 export PYTHONPATH=$K/site
-step "refresh k26_ddtree in the site from this working tree, with the proving ground beside it (its test-only hooks load by dotted path)"
-rm -rf "$K/site/k26_ddtree"
-python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from k26_ddtree.repro import bundle; bundle.copy_self(Path('$K/site'))" || exit 1
-rm -rf "$K/site/proving_ground" && cp -r proving_ground "$K/site/proving_ground" || exit 1
 
 if [ -d "$JIT" ]; then step "JIT caches already here (warm machine)";
 elif [ -f "$G/jit-cache.tar.xz" ]; then step "restore JIT caches"; mkdir -p "$JIT"; tar -xJf "$G/jit-cache.tar.xz" -C "$JIT"; fi
@@ -50,12 +69,18 @@ CHECK_PID=
 # newly carried archive replaces what an earlier call left on a warm machine.
 MODEL_SHA=trained
 if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1); fi
+# A call that carries another SGLang's bundle carries no pair: it serves the one an earlier call
+# made or unpacked, which the servers kept beside run on.
+SHARED_PAIR=0
+if [ -n "${K26_SITE_SGLANG:-}" ] && [ ! -f "$G/model.tar.xz" ] && [ -f "$K/models/train_report.json" ]; then
+  SHARED_PAIR=1; MODEL_SHA=$(cut -d' ' -f1 "$K/models/.k26-model")
+fi
 # What the models folder must hold: the carried pair, or with K26_REDRAFT=1 that pair's target and
 # drafters trained anew against it, which a warm machine keeps for later K26_REDRAFT=1 calls.
 WANT_MODEL=$MODEL_SHA
 if [ "${K26_REDRAFT:-0}" = 1 ]; then WANT_MODEL="$MODEL_SHA redrafted"; fi
 HAVE_MODEL=$(cat "$K/models/.k26-model" 2>/dev/null)
-if [ -f "$K/models/train_report.json" ] && { [ "$HAVE_MODEL" = "$WANT_MODEL" ] || [ "$HAVE_MODEL" = "$MODEL_SHA" ]; }; then
+if [ "$SHARED_PAIR" = 1 ] || { [ -f "$K/models/train_report.json" ] && { [ "$HAVE_MODEL" = "$WANT_MODEL" ] || [ "$HAVE_MODEL" = "$MODEL_SHA" ]; }; }; then
   step "model pairs already here (warm machine)"
 elif [ -f "$G/model.tar.xz" ]; then
   step "unpack the model pairs"; rm -rf "$K/models"; mkdir -p "$K/models"
@@ -79,7 +104,7 @@ else
   grep -E "determinism:|Warning|Error" "$K/determinism.txt" | sort | uniq -c | head -20
 fi
 step "the pair: $(python3 -c "import json; r = json.load(open('$K/models/train_report.json')); print('pair_sha256', r.get('pair_sha256'), 'reproducible', r.get('reproducible'))")"
-if [ "$(cat "$K/models/.k26-model")" != "$WANT_MODEL" ]; then
+if [ "$SHARED_PAIR" = 0 ] && [ "$(cat "$K/models/.k26-model")" != "$WANT_MODEL" ]; then
   # Every drafter trained anew against the pair's target (train --redraft); the archive comes back.
   step "redraft: every drafter trained anew against the carried target"
   python3 -m proving_ground.train --out "$K/models" --redraft --time-budget "${K26_TRAIN_BUDGET:-480}" || exit 1
@@ -156,8 +181,12 @@ if [ -f "$G/oracle.json" ]; then ORACLE_ARGS=(--oracle-file "$G/oracle.json"); f
 # servers and pack the caches, so its report is always written before the command is killed.
 DEADLINE=$(( ${K26_RUN_LIMIT:-560} - SECONDS - ${K26_STOP_RESERVE:-60} ))
 step "matrix run $RUN (deadline ${DEADLINE}s)"
+SITE_ARGS=()
+for other in "$K"/site-sglang*; do
+  [ -f "$other/.k26-bundle" ] && SITE_ARGS+=(--site-for "${other##*/site-sglang}=$other")
+done
 python3 proving_ground/device/e2e.py --matrix proving_ground/device/matrix.json --run "$RUN" --site "$K/site" --models "$MODELS" \
-  --out "$OUT" --jit-dir "$JIT" --deadline-s "$DEADLINE" "${ORACLE_ARGS[@]}" ${K26_E2E_ARGS:-}
+  --out "$OUT" --jit-dir "$JIT" --deadline-s "$DEADLINE" "${ORACLE_ARGS[@]}" "${SITE_ARGS[@]}" ${K26_E2E_ARGS:-}
 rc=$?
 if [ -n "${LATE_CHECK_PID:-}" ]; then
   wait "$LATE_CHECK_PID"; check_rc=$?

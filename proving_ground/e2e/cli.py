@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 from pathlib import Path
@@ -10,6 +11,21 @@ from pathlib import Path
 from k26_ddtree.errors import UserError
 from proving_ground.e2e.extras import PROFILE_STEPS
 from proving_ground.e2e.run import MatrixRun
+
+
+def sites_by_version(parser: argparse.ArgumentParser, given: list[str]) -> dict[str, Path]:
+    """{SGLang version: site folder} from --site-for VERSION=DIR; a malformed one ends the run at once."""
+    sites: dict[str, Path] = {}
+    for text in given:
+        version, sep, folder = text.partition("=")
+        if not (sep and re.fullmatch(r"\d+\.\d+\.\d+", version) and folder):
+            parser.error(f"--site-for {text!r}: expected VERSION=DIR, e.g. 0.5.17=/tmp/k26/site-sglang0.5.17")
+        if version in sites:
+            parser.error(f"--site-for: sglang {version} given twice")
+        if not Path(folder).is_dir():
+            parser.error(f"--site-for {text!r}: {folder} is not a folder")
+        sites[version] = Path(folder).resolve()
+    return sites
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                         "report is always written (default 480)")
     parser.add_argument("--patched-site", type=Path, help="a site with the DDTree patch set already applied "
                         "(default: copy --site and run `python -m k26_ddtree apply` on the copy)")
+    parser.add_argument("--site-for", action="append", default=[], metavar="VERSION=DIR",
+                        help="the installed bundle of another SGLang version, for servers named -sglangVERSION "
+                        "(repeatable; their DDTREE servers run from a patched copy, as --site's do)")
     parser.add_argument("--oracle-file", type=Path, help="an earlier run's oracle-runN.json (same model): "
                         "lets -oracle servers start with the others instead of after this run's AR")
     parser.add_argument("--bench-server", action="append", default=[],
@@ -58,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cost_repeats < 1 or not args.cost_seconds > 0:
         parser.error("--cost-repeats must be >= 1 and --cost-seconds > 0")
+    args.site_for = sites_by_version(parser, args.site_for)
     # The device command's `timeout` sends SIGTERM: unwind through run()'s finally, so servers are
     # recorded or stopped and the report is written.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -15,15 +15,23 @@ from proving_ground import lossless
 from proving_ground.e2e.servers import in_parallel, SAFE_ENV, say, stop_group
 
 
-def patched_site(site: Path, work: Path, python: str, log: Path) -> tuple[Path | None, str]:
-    """A copy of the site (under `work`) with the DDTree patch set applied; (None, why) when that fails."""
-    dest = work / "site-ddtree"
+def site_bundle(site: Path) -> str:
+    """The SHA256 of the bundle installed in a site (run.sh records it in .k26-bundle); "" if none."""
+    try:
+        return (site / ".k26-bundle").read_text().strip()
+    except OSError:
+        return ""
+
+
+def patched_site(site: Path, dest: Path, python: str, log: Path) -> tuple[Path | None, str]:
+    """A copy of the site at `dest` with the DDTree patch set of its SGLang applied; (None, why)
+    when that fails."""
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(site, dest, symlinks=True)
     env = dict(os.environ, PYTHONPATH=str(dest), **SAFE_ENV)
     proc = subprocess.run([python, "-m", "k26_ddtree", "apply", "--sglang-dir", str(dest / "sglang")],
-                          capture_output=True, text=True, env=env, cwd=work, timeout=300)
+                          capture_output=True, text=True, env=env, cwd=dest.parent, timeout=300)
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         return None, f"patch set apply failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-300:]}"
@@ -65,20 +73,31 @@ def fingerprint(site: Path, models: Path, settings: dict) -> str:
     return digest.hexdigest()
 
 
-def read_state(state: Path, expected: str) -> dict:
-    """{name: {"port", "pid", "launched_at", "keep"}} of the servers an earlier run kept for
-    this code, models and settings. Every other recorded server is stopped: kept for something
-    else, or left behind by a run that was killed, it holds GPU memory and a port, and nothing
-    can use it."""
+def read_state(state: Path, expected: str, bundles: dict[str, str]) -> dict:
+    """{name: {"port", "pid", "launched_at", "keep", ...}} of the servers an earlier run kept for
+    this code, models and settings, and, for a server of another SGLang version, the bundle now
+    installed for it (`bundles`: version -> site_bundle). Every other recorded server is stopped:
+    kept for something else, or left behind by a run that was killed, it holds GPU memory and a
+    port, and nothing can use it."""
     try:
         recorded = json.loads(state.read_text())
     except (OSError, ValueError):
         return {}
     servers = recorded.get("servers", {})
     usable = recorded.get("fingerprint") == expected
-    stale = {n: e for n, e in servers.items() if not (usable and e.get("keep"))}
+
+    def why_stale(entry: dict) -> str | None:
+        if not usable:
+            return "kept by a run of other code, models or settings"
+        if not entry.get("keep"):
+            return "left by a killed run"
+        version = entry.get("sglang")
+        if version and bundles.get(version) != entry.get("site_bundle"):
+            return f"runs another bundle of sglang {version} than the one installed now"
+        return None
+
+    stale = {n: e for n, e in servers.items() if why_stale(e)}
     for name, entry in stale.items():
-        say(f"stopping {name} (pid {entry['pid']}): " + ("left by a killed run" if usable else
-                                                          "kept by a run of other code, models or settings"))
+        say(f"stopping {name} (pid {entry['pid']}): {why_stale(entry)}")
     in_parallel(lambda pid=int(e["pid"]): stop_group(pid, lambda: alive(pid)) for e in stale.values())
     return {n: e for n, e in servers.items() if n not in stale}

@@ -17,7 +17,7 @@ from proving_ground import lossless, matrix, speed, tuning
 from proving_ground.exact import exact_model
 from proving_ground.e2e.extras import named_schedules, profile_server, run_bench_harness
 from proving_ground.e2e.report import capture_seconds, fatal_lines, gpu_name, overall, write_outputs
-from proving_ground.e2e.reuse import fingerprint, oracle_agreement, patched_site, read_state, write_oracle
+from proving_ground.e2e.reuse import fingerprint, oracle_agreement, patched_site, read_state, site_bundle, write_oracle
 from proving_ground.e2e.servers import (
     get_json, in_parallel, LOAD_LINES_BYTES, log_head, log_tail, MemorySampler, NO_MEMORY, post, post_json, SAFE_ENV,
     say, Server, Stagger, stop, wait_ready, warm_sampling,
@@ -121,7 +121,7 @@ class MatrixRun:
     def start_servers(self) -> None:
         """Reuse what an earlier run kept, launch the rest (first wave, then the others; -oracle
         servers wait for the reference), and wait until every launched server is ready."""
-        kept = read_state(self.state, self.fingerprint)
+        kept = read_state(self.state, self.fingerprint, {v: site_bundle(site) for v, site in self.args.site_for.items()})
         self.previous = {n: e for n, e in kept.items() if n not in {s.spec.name for s in self.servers}}
         used_ports = {int(k["port"]) for k in kept.values()}
         port = self.args.base_port
@@ -198,10 +198,17 @@ class MatrixRun:
         end. keep: the servers kept at the end; None while the run goes on, when a server reused
         from a keeping run stays kept and one launched by this run is not yet."""
         mine = {s.spec.name: {"port": s.port, "pid": s.pid, "launched_at": s.launched_at, "traced": s.traced,
-                              "keep": s.reused if keep is None else s.spec.name in keep}
+                              "keep": s.reused if keep is None else s.spec.name in keep, **self.site_record(s)}
                 for s in self.servers if s.pid is not None and s.alive()}
         atomic.write_text(self.state, json.dumps({"fingerprint": self.fingerprint,
                                                   "servers": {**self.previous, **mine}}, indent=1) + "\n")
+
+    def site_record(self, server: Server) -> dict:
+        """What a kept server of another SGLang version must find again: the bundle it runs."""
+        version = server.spec.sglang
+        if version is None or version not in self.args.site_for:
+            return {}
+        return {"sglang": version, "site_bundle": site_bundle(self.args.site_for[version])}
 
     def waits_for_reference(self, server: Server) -> bool:
         return server.spec.oracle and self.carried_oracle is None
@@ -217,22 +224,21 @@ class MatrixRun:
         base_env.pop(EXTERNAL_PACKAGE_ENV, None)
         if self.emulated:
             base_env[EXTERNAL_PACKAGE_ENV] = EXTERNAL_PACKAGE
-        ddtree_site, why = None, ""
-        previous = args.work / "site-ddtree"
-        if args.patched_site:
-            ddtree_site, why = args.patched_site, "given with --patched-site"
-        elif previous.is_dir() and any(s.reused and s.spec.algo == "DDTREE" for s in self.servers):
-            # Reused servers run from it: copying it anew would pull the files from under them.
-            ddtree_site, why = previous, "the one the reused servers run from"
-        elif any(s.spec.algo == "DDTREE" for s in to_launch):
-            say("applying the DDTree patch set to a copy of the site")
-            ddtree_site, why = patched_site(args.site, args.work, args.python, self.logs / "apply.log")
-            say(f"patch set: {why}")
+        ddtree_sites: dict[str | None, tuple] = {}  # SGLang version (None: --site's) -> (site or None, why)
         for server in to_launch:
-            if server.spec.algo == "DDTREE" and ddtree_site is None:
-                server.status = f"skipped: {why}"
+            version = server.spec.sglang
+            site = args.site if version is None else args.site_for.get(version)
+            if site is None:
+                server.status = (f"skipped: no site for sglang {version} (the runner's --site-for; run.sh installs "
+                                 "one from a bundle carried with K26_SITE_SGLANG)")
                 continue
-            site = ddtree_site if server.spec.algo == "DDTREE" else args.site
+            if server.spec.algo == "DDTREE":
+                if version not in ddtree_sites:
+                    ddtree_sites[version] = self.ddtree_site(version, site)
+                site, why = ddtree_sites[version]
+                if site is None:
+                    server.status = f"skipped: {why}"
+                    continue
             self.envs[server.spec.name] = dict(base_env, PYTHONPATH=str(site))
             for group in self.tunes:
                 if server.spec.name == group.trace:
@@ -240,6 +246,21 @@ class MatrixRun:
                     server.traced = True
             if server.spec.oracle:
                 self.envs[server.spec.name].update({ORACLE_ENV: str(self.oracle_path), TOPK_HOOK_ENV: ORACLE_HOOK})
+
+    def ddtree_site(self, version: str | None, site) -> tuple:
+        """(the patched copy of `site` the DDTREE servers of that SGLang version run from, or None; why)."""
+        args = self.args
+        if version is None and args.patched_site:
+            return args.patched_site, "given with --patched-site"
+        previous = args.work / ("site-ddtree" if version is None else f"site-ddtree-sglang{version}")
+        if previous.is_dir() and any(s.reused and s.spec.algo == "DDTREE" and s.spec.sglang == version
+                                     for s in self.servers):
+            # Reused servers run from it: copying it anew would pull the files from under them.
+            return previous, "the one the reused servers run from"
+        say(f"applying the DDTree patch set to a copy of {site}")
+        patched, why = patched_site(site, previous, args.python, self.logs / f"{previous.name}-apply.log")
+        say(f"patch set: {why}")
+        return patched, why
 
     def launch_and_wait(self, wave: list[Server]) -> None:
         if not wave:

@@ -5,6 +5,7 @@ and the report, speed runs, and servers kept for (and reused by) a later run."""
 import datetime
 import json
 import re
+import shutil
 import os
 import socket
 import subprocess
@@ -573,3 +574,63 @@ def test_an_emulated_pair_is_served_through_the_emulator_package_and_checked_in_
         assert done.returncode == 0, done.stdout[-2000:]
         log = (tmp_path / "work" / "logs" / "ar.log").read_text()
         assert "k26 emulator: box pcie-ep8" in log
+
+
+def test_a_server_of_another_sglang_runs_from_its_own_site_and_is_kept_only_with_that_bundle(setup, tmp_path):
+    """-sglangX.Y.Z servers run from --site-for's folder; kept for a later run, they are reused while
+    that site holds the bundle they started from, and stopped once another is installed there."""
+    _, models, matrix = setup
+    other = tmp_path / "site-sglang0.5.17"
+    shutil.copytree(STANDIN, other)
+    (other / ".k26-bundle").write_text("bundle-one\n")
+    speed = speed_matrix(tmp_path, matrix)
+    spec = json.loads(speed.read_text())
+    spec["runs"]["keeper"] = ["ar", "dflash", "dflash-sglang0.5.17"]
+    speed.write_text(json.dumps(spec))
+    site_for = ("--site-for", f"0.5.17={other}")
+    try:
+        done, first = run_e2e(tmp_path, models, speed, {}, *site_for, "--keep-for", "keeper", run="keeper")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        logs = tmp_path / "work" / "logs"
+        assert f"from {other / 'sglang'}" in (logs / "dflash-sglang0.5.17.log").read_text()
+        assert f"from {STANDIN / 'sglang'}" in (logs / "dflash.log").read_text()
+        done, again = run_e2e(tmp_path, models, speed, {}, *site_for, "--keep-for", "keeper", run="keeper")
+        assert all(s["reused"] for s in again["servers"]), again["servers"]
+        (other / ".k26-bundle").write_text("bundle-two\n")
+        done, third = run_e2e(tmp_path, models, speed, {}, *site_for, run="keeper")
+        assert "runs another bundle of sglang 0.5.17 than the one installed now" in done.stdout
+        reused = {s["name"]: s["reused"] for s in third["servers"]}
+        assert reused == {"ar": True, "dflash": True, "dflash-sglang0.5.17": False}
+    finally:
+        state = json.loads((tmp_path / "work" / "servers.json").read_text())
+        for kept in state["servers"].values():
+            try:
+                os.killpg(kept["pid"], 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_server_of_an_sglang_without_a_site_is_skipped_with_the_reason(setup):
+    tmp_path, models, matrix = setup
+    speed = speed_matrix(tmp_path, matrix)
+    spec = json.loads(speed.read_text())
+    spec["runs"]["keeper"] = ["ar", "dflash-sglang0.5.17"]
+    speed.write_text(json.dumps(spec))
+    done, report = run_e2e(tmp_path, models, speed, {}, run="keeper")
+    status = {s["name"]: s["status"] for s in report["servers"]}
+    assert status["dflash-sglang0.5.17"].startswith("skipped: no site for sglang 0.5.17"), status
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0.5.17", "expected VERSION=DIR"),
+    ("v1=/tmp", "expected VERSION=DIR"),
+    ("0.5.17=/nonexistent/site", "/nonexistent/site is not a folder"),
+])
+def test_a_bad_site_for_is_one_line_and_exit_2(setup, value, message):
+    tmp_path, models, matrix = setup
+    env = dict(os.environ, PYTHONPATH=str(REPO), **STANDIN_ENV)
+    cmd = [sys.executable, str(ENTRY), "--matrix", str(matrix), "--run", "t", "--site", str(STANDIN),
+           "--models", str(models), "--out", str(tmp_path / "out"), "--site-for", value]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()

@@ -175,7 +175,8 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
                                        "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa",
-                                       "wide-speed-costed", "pcie-ep8-steps"} | {r for r in BOX_RUNS if not r.endswith("-a")}
+                                       "wide-speed-costed", "pcie-ep8-steps", "sglang-gap-b", "sglang-gap-c"} | {
+                                           r for r in BOX_RUNS if not r.endswith("-a")}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
                         ("tiny-speed-real", "tiny-tune"), ("wide-speed-mid", "wide-tune-mid"),
@@ -406,3 +407,14 @@ def test_a_twin_is_a_second_server_of_the_same_config():
     assert matrix.DRAFTER_DIRS["weaker"] == "drafter-weaker"
     with pytest.raises(UserError, match="then -twin"):
         matrix.parse_server("dflash-twin-weak")
+
+
+def test_a_server_of_another_sglang_is_its_config_on_that_version():
+    other = matrix.parse_server("dflash-weak-sglang0.5.17-twin")
+    assert (other.algo, other.drafter, other.sglang) == ("DFLASH", "weak", "0.5.17")
+    assert matrix.parse_server("dflash-weak").sglang is None
+    assert matrix.variant("dflash-weak-sglang0.5.17") != matrix.variant("dflash-weak")
+    spec = matrix.load(MATRIX)
+    gap = spec["runs"]["sglang-gap-b"]
+    assert "dflash-weak-sglang0.5.17" in gap and {"dflash-weak", "dflash-weak-twin"} <= set(gap)
+    assert set(spec["runs"]["sglang-gap-a"]) <= set(gap) == set(spec["runs"]["sglang-gap-c"])

@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     fail_budget = os.environ.get("STANDIN_FAIL_BUDGET")
     if fail_budget is not None and str(args.speculative_ddtree_budget) != fail_budget:
         fail = ""
-    print(f"stand-in sglang: loading (pid {os.getpid()})", flush=True)
+    print(f"stand-in sglang: loading (pid {os.getpid()}) from {os.path.dirname(os.path.abspath(__file__))}", flush=True)
     time.sleep(float(os.environ.get("STANDIN_LOAD_SECONDS", "2")))
     if fail == "start":
         print("stand-in sglang: failing at start as asked (STANDIN_FAIL=start)", flush=True)
