@@ -31,12 +31,11 @@ from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_bytes, sha256_file
 from k26_ddtree.patchset import validate
-from k26_ddtree.patchset.pins import (PINS_FILE, SERIES_FILE, FilePin, PatchSet, WheelPin, default_root, diff_name,
-                                      dump_pins, load, read_wheel_pin)
+from k26_ddtree.patchset.pins import (PINS_FILE, REGEN, SERIES_FILE, FilePin, PatchSet, WheelPin, default_root,
+                                      diff_name, dump_pins, load, read_wheel_pin)
 from k26_ddtree.patchset.udiff import make_diff
 from k26_ddtree.patchset.wheel import check_is_sglang, pinned_wheel
 
-PROG = "python -m k26_ddtree.patchset.regen"
 PACKAGE = "sglang"
 # What patch, editors and Python leave beside a file; never part of a patch set.
 _LEFTOVER_SUFFIXES = (".orig", ".rej", ".pyc", ".swp", ".bak", "~")
@@ -171,18 +170,18 @@ def expand(root: Path, dest: Path, wheel: Path | None = None, out=print) -> None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out(f"{dest}: {len(patch_set.files)} patched file(s) of sglang {patch_set.sglang_version} under {PACKAGE}/; "
-        f"after editing them: {PROG} --root {root} --from {dest}")
+        f"after editing them: {REGEN} --root {root} --from {dest}")
 
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line, exit 2, like every other refusal."""
 
     def error(self, message: str) -> None:
-        self.exit(2, f"regen: error: {message} (see `{PROG} --help`)\n")
+        self.exit(2, f"regen: error: {message} (see `{REGEN} --help`)\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog=REGEN, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--expand", metavar="DIR", type=Path,
                       help="write the patched files into DIR/sglang/ (DIR absent or empty)")
