@@ -28,7 +28,8 @@ echo "tests/run.sh: installing the toolkit and test requirements into $VENV"
 "$VENV/bin/python" -m pip install -q -r env/requirements-test.txt -r env/requirements-sglang-cpu.txt || exit 1
 "$VENV/bin/python" -m pip install -q -e '.[test]' || exit 1
 
-# The pinned SGLang wheel is downloaded once per run (not across runs) and shared by the tests.
+# The pinned SGLang wheels (one per patch set in patches/) are downloaded once per run (not across
+# runs) and shared by the tests.
 K26_WHEEL_CACHE=$(mktemp -d "${PWD}/.cache/wheels.XXXXXX") || exit 1
 export K26_WHEEL_CACHE
 trap 'rm -rf "$K26_WHEEL_CACHE"' EXIT

@@ -1,1 +1,1 @@
-"""The SGLang 0.5.11 patch set: generate it (regen), find an installation (locate), apply/check/revert it."""
+"""The SGLang patch sets: apply, check and revert one (apply), find an installation (locate), edit one (regen)."""

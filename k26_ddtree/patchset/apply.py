@@ -1,8 +1,9 @@
 """`k26-deploy apply`: patch, check and revert an SGLang installation against the pinned patch set.
 
-Apply writes the full patched files (exact bytes, each checked against its
-pin); the diffs in the patch set are for review and for `patch -p1`, and let
-revert rebuild an original when its backup is gone.
+Apply writes each patched file as the pinned original on disk with its diff
+applied exactly, checked against its patched SHA256 before anything is staged
+(pins.PatchSet.patched_bytes); revert puts the originals back from the backups,
+or runs the diffs backwards when a backup is gone.
 
 Backups of the originals go to <site>/.k26-ddtree-backup/sglang-<version>/<rel>
 (the tree beside the `sglang` package, out of the way of imports); revert
@@ -110,7 +111,7 @@ def apply(sglang_dir: str | Path | None = None, root: Path | None = None, dry_ru
         import_plan = importable.plan(status.installation.site)
         out(f"k26_ddtree import: {import_plan.action}: {import_plan.reason}")
         steps = [*_backup_steps(status, todo), *importable.steps(import_plan),
-                 *(FileStep(f.path, "sglang", f.current, patch_set.patched_bytes(f.pin)) for f in todo)]
+                 *(FileStep(f.path, "sglang", f.current, patch_set.patched_bytes(f.pin, f.current)) for f in todo)]
         if todo:
             out(f"backups of the originals: {backup_root(status.installation)}")
         if steps:
@@ -129,6 +130,7 @@ def _dry_run_apply(status: Status, out: Out) -> int:
     todo = status.with_state(PRISTINE)
     import_plan = importable.plan(status.installation.site)
     for file in todo:
+        status.patch_set.patched_bytes(file.pin, file.current)  # a diff that does not fit is refused here too
         out(f"dry run: would write {file.pin.rel} (SHA256 {file.pin.patched_sha256[:16]}...)")
     if todo:
         out(f"dry run: would keep the originals under {backup_root(status.installation)}")
@@ -157,9 +159,10 @@ def _original_bytes(status: Status, file: FileStatus) -> bytes | None:
         data = backup.read_bytes()
         if sha256_bytes(data) == file.pin.original_sha256:
             return data
+    diff = status.patch_set.diff_bytes(file.pin)
     try:
-        data = apply_diff(file.current, status.patch_set.diff_file(file.pin.rel).read_bytes(), reverse=True)
-    except (OSError, PatchError) as err:
+        data = apply_diff(file.current, diff, reverse=True)
+    except PatchError as err:
         raise UserError(f"cannot restore {file.pin.rel}: no good backup at {backup} and the diff does not reverse ({err}); nothing changed", code=1) from None
     if sha256_bytes(data) != file.pin.original_sha256:
         raise UserError(f"cannot restore {file.pin.rel}: no good backup at {backup} and the reversed diff does not hash as the original; nothing changed", code=1)

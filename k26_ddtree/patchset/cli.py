@@ -16,9 +16,11 @@ sglang is found without importing it (importlib's finder, or --sglang-dir), its
 version read from the sglang-*.dist-info beside it (else sglang/_version.py).
 The patch set is the shipped one for that version (patches/sglang-VERSION); a
 version without one is refused, naming the versions there are patch sets for.
-Every patched file is checked against pins.json: a different sglang version or
-any file that is neither the pinned original nor the pinned patched file is
-refused, naming the file, and nothing is changed. A file reached through a
+Every file is checked against pins.json: a different sglang version or any
+file that is neither the pinned original nor the pinned patched file is
+refused, naming the file, and nothing is changed. A patched file is the pinned
+original with its diff applied exactly (no fuzz, no offsets), and must hash as
+pins.json says before anything is staged; a diff that does not fit is refused. A file reached through a
 symlink is refused too (apply replaces regular files only). Originals are kept
 under <site>/.k26-ddtree-backup/sglang-VERSION/. Running apply on a patched
 install says "already applied" and exits 0.

@@ -1,22 +1,23 @@
-"""The pinned SGLang wheel: downloaded once into a cache directory, checked against its SHA256 pin."""
+"""The SGLang wheel a patch set is pinned to: downloaded once into a cache folder, checked
+against its SHA256 pin."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
+from k26_ddtree.atomic import TMP_SUFFIX
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_file
-from k26_ddtree.patchset.pins import SGLANG_VERSION, WheelPin
+from k26_ddtree.patchset.pins import DEFAULT_VERSION, WheelPin, read_wheel_pin, root_for
 from k26_ddtree.resources import source_root
 
-# The platform tags are spelled out so every host downloads the same file the pin names,
-# whatever its own Python or glibc.
-WHEEL_FILENAME = f"sglang-{SGLANG_VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
-_PIP_TAGS = ["--only-binary", ":all:", "--platform", "manylinux_2_34_x86_64",
-             "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
 _DOWNLOAD_TIMEOUT_S = 600
 
 
@@ -29,34 +30,77 @@ def default_cache() -> Path:
     return (root if root is not None else Path.cwd()) / ".cache" / "wheels"
 
 
-def pinned_wheel(pin: WheelPin | None, cache: Path | None = None) -> Path:
-    """Path of the pinned wheel in `cache`, downloading it (no dependencies) when absent.
+def _pip_tags(filename: str) -> list[str]:
+    """pip's flags for the interpreter and platform a wheel's file name is built for
+    (sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl: CPython 3.11 on manylinux 2.34), so
+    every host downloads the very file the pin names, whatever its own Python or glibc."""
+    python, abi, platform = filename[:-len(".whl")].split("-")[-3:]
+    tag = python.split(".")[0]
+    implementation, digits = tag[:2], tag[2:]
+    flags = ["--only-binary", ":all:", "--implementation", implementation,
+             "--python-version", f"{digits[0]}.{digits[1:]}" if len(digits) > 1 else digits]
+    flags += [flag for name in abi.split(".") for flag in ("--abi", name)]
+    return flags + [flag for name in platform.split(".") for flag in ("--platform", name)]
 
-    With a pin, the file must match its SHA256; without one (first regen) it is taken as is.
-    """
-    cache = Path(cache) if cache is not None else default_cache()
-    filename = pin.filename if pin is not None else WHEEL_FILENAME
-    wheel = cache / filename
-    if not wheel.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        print(f"downloading sglang=={SGLANG_VERSION} (no dependencies) into {cache}", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *_PIP_TAGS,
-               f"sglang=={SGLANG_VERSION}", "-d", str(cache)]
+
+def _download(pin: WheelPin, cache: Path) -> None:
+    """Put pin.filename into `cache` whole: pip downloads into a scratch folder beside it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    requirement = f"sglang=={pin.sglang_version}"
+    print(f"downloading {pin.filename} ({requirement}, no dependencies) into {cache}", file=sys.stderr)
+    scratch = Path(tempfile.mkdtemp(dir=cache, prefix=".download.", suffix=TMP_SUFFIX))
+    try:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *_pip_tags(pin.filename),
+               requirement, "-d", str(scratch)]
         try:
             subprocess.run(cmd, check=True, timeout=_DOWNLOAD_TIMEOUT_S)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
-            raise UserError(f"could not download sglang=={SGLANG_VERSION}: {err}") from None
-        if not wheel.is_file():
-            raise UserError(f"pip did not produce {filename} in {cache}")
-    if pin is not None:
-        actual = sha256_file(wheel)
-        if actual != pin.sha256:
-            raise UserError(f"{wheel} has SHA256 {actual}, the pin is {pin.sha256}")
+            raise UserError(f"could not download {requirement}: {err}") from None
+        got = sorted(p.name for p in scratch.iterdir())
+        if got != [pin.filename]:
+            raise UserError(f"pip downloaded {', '.join(got) or 'nothing'} for {requirement}, "
+                            f"not the pinned {pin.filename}")
+        os.replace(scratch / pin.filename, cache / pin.filename)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def pinned_wheel(pin: WheelPin, cache: Path | None = None) -> Path:
+    """The pinned wheel in `cache`, downloaded when absent; refused unless it matches its SHA256."""
+    cache = Path(cache) if cache is not None else default_cache()
+    wheel = cache / pin.filename
+    if not wheel.is_file():
+        _download(pin, cache)
+    actual = sha256_file(wheel)
+    if actual != pin.sha256:
+        raise UserError(f"{wheel} has SHA256 {actual}, the pin is {pin.sha256}")
     return wheel
 
 
-def shipped_wheel(cache: Path | None = None) -> Path:
-    """The wheel the shipped patch set is pinned to (tests and regen share this one download)."""
-    from k26_ddtree.patchset.pins import default_root, read_wheel_pin
+def wheel_for(root: Path, cache: Path | None = None) -> Path:
+    """The wheel the patch set at `root` is pinned to (its pins.json names the version and file)."""
+    pin = read_wheel_pin(root)
+    if pin is None:
+        raise UserError(f"no patch set at {root}: it has no pins.json to name its wheel")
+    return pinned_wheel(pin, cache)
 
-    return pinned_wheel(read_wheel_pin(default_root()), cache)
+
+def shipped_wheel(version: str = DEFAULT_VERSION, cache: Path | None = None) -> Path:
+    """The wheel the shipped patch set of `version` is pinned to."""
+    return wheel_for(root_for(version), cache)
+
+
+def check_is_sglang(wheel: Path, version: str) -> None:
+    """Refuse a file that is not the wheel of sglang `version` (a new patch set's --wheel), by its
+    name (sglang-VERSION-...whl with its three tags, which the download reads) and its dist-info."""
+    tags = r"(-[A-Za-z0-9_.]+){3,4}"
+    if not re.fullmatch(rf"sglang-{re.escape(version)}{tags}\.whl", wheel.name):
+        raise UserError(f"{wheel.name} is not named as a wheel of sglang {version} is "
+                        f"(sglang-{version}-PYTHON-ABI-PLATFORM.whl)")
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+    except (OSError, zipfile.BadZipFile) as err:
+        raise UserError(f"{wheel} is not a wheel ({err})") from None
+    if f"sglang-{version}.dist-info/METADATA" not in names:
+        raise UserError(f"{wheel} is not the wheel of sglang {version} (it has no sglang-{version}.dist-info)")

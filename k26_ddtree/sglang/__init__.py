@@ -57,7 +57,7 @@ A schedule is DDTreeSchedule (args.py): buckets from batch size min_bs up, each 
 DDTreeConfig or the chain. Buckets capture their last batch size too
 (DDTreeSchedule.graph_batch_sizes), so a padded batch stays in its bucket.
 
-Hooks in the patched SGLang files (patches/sglang-0.5.11/full/sglang/srt/...):
+Hooks in the patched SGLang files (the diffs in patches/sglang-0.5.11/ of sglang/srt/...):
   server_args.py                the DDTree flags and fields; DDTREE in the algorithm
                                 choices; args.normalize_algorithm first in __post_init__
                                 (DDTREE -> DFLASH); args.finalize at the end of the

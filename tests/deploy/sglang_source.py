@@ -17,11 +17,14 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26_ddtree.patchset.pins import default_root, load
+from k26_ddtree.patchset.wheel import wheel_for
+
 REPO = Path(__file__).resolve().parents[2]
-PATCHED_SERVER_ARGS = REPO / "patches" / "sglang-0.5.11" / "full" / "sglang" / "srt" / "server_args.py"
+SERVER_ARGS = "sglang/srt/server_args.py"
 # The patched server_args.py registers the DDTree flags by calling add_cli_args() here.
 DDTREE_ARGS_MODULE = REPO / "k26_ddtree" / "sglang" / "args.py"
-# What our patch adds, for as long as its full server_args.py is not in patches/ yet.
+# What our patch adds, for as long as the patch set does not patch server_args.py.
 DDTREE_FLAGS = {
     "--speculative-ddtree-budget": "value",
     "--speculative-ddtree-topk": "value",
@@ -65,6 +68,17 @@ def unpacked_wheel(requirement: str) -> Path:
             zf.extractall(staging)
         staging.rename(folder)
     return folder
+
+
+def patched_server_args() -> str | None:
+    """server_args.py of the default patch set's pinned wheel with its diff applied; None when the
+    patch set leaves it alone."""
+    patch_set = load(default_root())
+    pin = next((pin for pin in patch_set.files if pin.rel == SERVER_ARGS), None)
+    if pin is None:
+        return None
+    with zipfile.ZipFile(wheel_for(patch_set.root)) as zf:
+        return patch_set.patched_bytes(pin, zf.read(SERVER_ARGS)).decode("utf-8")
 
 
 def wheel_source(member: str) -> str:

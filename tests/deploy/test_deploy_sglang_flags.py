@@ -1,8 +1,8 @@
 """Every flag a profile emits exists in the pinned SGLang 0.5.11 parser (plus our patch's DDTree flags).
 
-Read from the real server_args.py of the pinned wheel (or the patched copy in
-patches/ with the flags k26_ddtree/sglang/args.py registers), by AST: no
-sglang import, no GPU.
+Read from the real server_args.py of the pinned wheel (or that file with the
+patch set's diff applied, with the flags k26_ddtree/sglang/args.py registers),
+by AST: no sglang import, no GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 
 from deploy_helpers import REPO, k26, one_line_error
 from sglang_source import (
-    DDTREE_ARGS_MODULE, DDTREE_FLAGS, PATCHED_SERVER_ARGS, Arg, dict_keys, parser_args, unpacked_wheel, wheel_source,
+    DDTREE_ARGS_MODULE, DDTREE_FLAGS, Arg, dict_keys, parser_args, patched_server_args, unpacked_wheel,
+    wheel_source,
 )
 
 from k26_ddtree.deploy import sglanggen
@@ -47,8 +48,9 @@ VARIANTS = [
 def sglang_parser() -> dict[str, Arg]:
     pristine = parser_args(wheel_source("sglang/srt/server_args.py"))
     assert "--speculative-dflash-block-size" in pristine and "--tp-size" in pristine, "AST read found the parser"
-    if PATCHED_SERVER_ARGS.is_file():
-        patched = parser_args(PATCHED_SERVER_ARGS.read_text(encoding="utf-8"))
+    patched_source = patched_server_args()
+    if patched_source is not None:
+        patched = parser_args(patched_source)
         if DDTREE_ARGS_MODULE.is_file():
             patched.update(parser_args(DDTREE_ARGS_MODULE.read_text(encoding="utf-8")))
         for flag, kind in DDTREE_FLAGS.items():
@@ -203,11 +205,13 @@ EXTRA_CASES = [
 
 
 @pytest.fixture(scope="module")
-def real_parser(pristine_sglang):
+def real_parser(pristine_sglang, tmp_path_factory):
     watched = [o for group in OPTIONS for o in group
                if o in SERVER_FLAG_KEYS or o in REFUSED_FLAGS or is_secret_name(o)]
     request = {"watched": watched, "cases": EXTRA_CASES, "choices": list(CHOICES)}
-    proc = subprocess.run([sys.executable, "-c", REAL_PARSER, str(PATCHED_SERVER_ARGS)], input=json.dumps(request),
+    server_args = tmp_path_factory.mktemp("patched") / "server_args.py"
+    server_args.write_text(patched_server_args(), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-c", REAL_PARSER, str(server_args)], input=json.dumps(request),
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(pristine_sglang), str(STUBS)])})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""apply -> check -> apply again -> revert -> check -> tamper -> refused, on a real unpacked sglang 0.5.11."""
+"""apply -> check -> apply again -> revert -> check -> tamper -> refused, on a real unpacked pinned sglang."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from k26_ddtree.patchset import apply, pins
 from k26_ddtree.patchset.journal import JOURNAL_NAME
 from k26_ddtree.patchset.locate import locate
 from k26_ddtree.hashing import sha256_file
-from k26_ddtree.patchset.pins import load
+from k26_ddtree.patchset.pins import DEFAULT_VERSION, diff_name, load
 from k26_ddtree.patchset.status import APPLIED, FOREIGN, PARTIAL, PRISTINE, WRONG_VERSION, inspect
 
 
@@ -94,7 +94,7 @@ def test_backups_hold_the_originals(site, patch_set, pristine_sglang):
 
 def test_wrong_version_is_refused_by_every_mode(site, patch_set, snapshot):
     metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
-    metadata.write_text(metadata.read_text().replace("Version: 0.5.11", "Version: 0.5.10", 1))
+    metadata.write_text(metadata.read_text().replace(f"Version: {DEFAULT_VERSION}", "Version: 0.5.10", 1))
     before = snapshot(site)
     for command in (apply.apply, apply.revert):
         with pytest.raises(UserError) as refused:
@@ -108,16 +108,31 @@ def test_wrong_version_is_refused_by_every_mode(site, patch_set, snapshot):
 
 def test_a_version_without_a_shipped_patch_set_is_refused_naming_those_there_are(site, snapshot):
     metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
-    metadata.write_text(metadata.read_text().replace("Version: 0.5.11", "Version: 0.5.17", 1))
+    metadata.write_text(metadata.read_text().replace(f"Version: {DEFAULT_VERSION}", "Version: 0.0.1", 1))
+    known = pins.shipped_versions()
+    assert DEFAULT_VERSION in known and "0.0.1" not in known
     before = snapshot(site)
     for command in (apply.apply, apply.revert, apply.check):
         with pytest.raises(UserError) as refused:
             command(site, out=Lines())
-        message = str(refused.value)
-        assert "sglang 0.5.17 is installed and k26-ddtree has no patch set for it" in message, message
-        assert "patch sets for sglang 0.5.11)" in message and refused.value.code == 2
+        assert str(refused.value) == (
+            f"sglang 0.0.1 is installed and k26-ddtree has no patch set for it (it has patch sets for sglang "
+            f"{', '.join(known)}); install one of those, or name a patch set with --patch-set; nothing changed")
+        assert refused.value.code == 2
     assert snapshot(site) == before
-    assert "0.5.11" in pins.shipped_versions()
+
+
+def test_the_versions_with_a_patch_set_are_the_folders_with_pins(tmp_path):
+    for folder, pins_file in [("sglang-0.5.9", True), ("sglang-0.10.0", True), ("sglang-1.0", False), ("other-2.0", True)]:
+        (tmp_path / folder).mkdir()
+        if pins_file:
+            (tmp_path / folder / "pins.json").write_text("{}")
+    assert pins.shipped_versions(tmp_path) == ["0.5.9", "0.10.0"]
+    assert pins.root_for("0.10.0", tmp_path) == tmp_path / "sglang-0.10.0"
+    with pytest.raises(UserError, match=r"no patch set for it \(it has patch sets for sglang 0.5.9, 0.10.0\)"):
+        pins.root_for("1.0", tmp_path)
+    with pytest.raises(UserError, match=r"no patch set for it \(it has none\)"):
+        pins.root_for("1.0", tmp_path / "sglang-1.0")
 
 
 def test_patch_set_versions_sort_as_versions_whatever_their_words():
@@ -129,7 +144,7 @@ def test_patch_set_versions_sort_as_versions_whatever_their_words():
 def test_the_installed_version_picks_its_shipped_patch_set(site):
     out = Lines()
     assert apply.check(site, out=out) == 1
-    assert f"patch set {pins.root_for('0.5.11')} (for sglang 0.5.11" in out.text
+    assert f"patch set {pins.root_for(DEFAULT_VERSION)} (for sglang {DEFAULT_VERSION}, " in out.text
 
 
 def test_partial_state_is_reported_and_completed(site, synthetic_patch_set):
@@ -222,18 +237,36 @@ def test_foreign_file_blocks_revert_too(site, synthetic_patch_set, snapshot):
 
 
 def test_missing_patch_set_is_a_clear_error(site, tmp_path):
-    with pytest.raises(UserError, match="regen"):
+    with pytest.raises(UserError, match=f"no patch set at {tmp_path / 'nowhere'}: it has no pins.json"):
         apply.check(site, tmp_path / "nowhere", out=Lines())
 
 
-def test_a_full_file_edited_without_regen_is_refused(site, synthetic_patch_set, tmp_path, snapshot):
-    edited = tmp_path / "edited-patch-set"
-    shutil.copytree(synthetic_patch_set, edited)
-    target = edited / "full" / "sglang/srt/server_args.py"
-    target.write_bytes(target.read_bytes() + b"# edited after regen\n")
+SERVER_ARGS_DIFF = diff_name("sglang/srt/server_args.py")
+
+
+@pytest.mark.parametrize("break_diff, says", [
+    (lambda diff: diff.replace(b"+K26_PATCHSET_PROBE = 1", b"+K26_PATCHSET_PROBE = 2"),
+     f"{SERVER_ARGS_DIFF} applied to the pinned original of sglang/srt/server_args.py does not give the "
+     "patched_sha256 in pins.json; nothing changed"),
+    (lambda diff: diff.replace(b"\n ", b"\n #", 1),
+     f"{SERVER_ARGS_DIFF} does not apply to the pinned original of sglang/srt/server_args.py (hunk at line "),
+    (None, f"is incomplete: {SERVER_ARGS_DIFF} (the diff of sglang/srt/server_args.py) is missing; nothing changed"),
+])
+def test_a_diff_that_does_not_give_the_pinned_patched_file_is_refused(break_diff, says, site, synthetic_patch_set,
+                                                                      tmp_path, snapshot):
+    broken = tmp_path / "broken-patch-set"
+    shutil.copytree(synthetic_patch_set, broken)
+    diff = broken / SERVER_ARGS_DIFF
+    if break_diff is None:
+        diff.unlink()
+    else:
+        diff.write_bytes(break_diff(diff.read_bytes()))
     before = snapshot(site)
-    with pytest.raises(UserError, match="does not match pins.json; run python -m k26_ddtree.patchset.regen"):
-        apply.apply(site, edited, out=Lines())
+    for dry_run in (True, False):
+        with pytest.raises(UserError) as refused:
+            apply.apply(site, broken, dry_run=dry_run, out=Lines())
+        assert refused.value.code == 2 and says in str(refused.value), str(refused.value)
+        assert str(refused.value).startswith(f"the patch set at {broken} is ")
     assert snapshot(site) == before
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from k26_ddtree.hashing import sha256_file
 from k26_ddtree.patchset.journal import FORMAT, JOURNAL_NAME
-from k26_ddtree.patchset.pins import FULL_DIR, PINS_FILE
+from k26_ddtree.patchset.pins import PINS_FILE, diff_name
 from processes import SECOND_TARGET, SERVER_ARGS, run, staged_leftovers
 
 ADDED_TARGET = "sglang/srt/speculative/k26_probe.py"  # the synthetic patch set's added file
@@ -37,17 +37,13 @@ def _one_error_line(command, code: int = 2) -> str:
 @pytest.fixture
 def renamed_pin(synthetic_patch_set, tmp_path):
     """renamed_pin(rel): a copy of the synthetic patch set whose pins.json names `rel` instead of
-    server_args.py, with the full patched file put at full/<rel> wherever that leads."""
+    server_args.py (its diff stays where it is: the pin is refused before any diff is read)."""
     def make(rel: str):
         root = tmp_path / "hostile-patch-set"
         shutil.copytree(synthetic_patch_set, root)
         pins = json.loads((root / PINS_FILE).read_text())
         pins["files"][rel] = pins["files"].pop(SERVER_ARGS)
         (root / PINS_FILE).write_text(json.dumps(pins, indent=2))
-        if "\n" not in rel:
-            full = root / FULL_DIR / rel.lstrip("/")
-            full.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(synthetic_patch_set / FULL_DIR / SERVER_ARGS, full)
         return root
     return make
 
@@ -236,3 +232,19 @@ def test_something_other_than_a_regular_file_where_a_file_belongs_is_named(targe
     assert f"{target} ({says})" in _one_error_line(refused)
     assert _one_error_line(refused).endswith("; nothing changed")
     assert snapshot(site) == before and not staged_leftovers(site)
+
+
+# -- a diff that is not a regular file -------------------------------------------------------
+
+@pytest.mark.parametrize("make, kind", [(_directory, "a folder"), (_fifo, "a FIFO")])
+def test_a_diff_that_is_not_a_regular_file_is_refused_in_one_line(make, kind, site, synthetic_patch_set, tmp_path,
+                                                                  snapshot):
+    root = tmp_path / "odd-diff"
+    shutil.copytree(synthetic_patch_set, root)
+    diff = root / diff_name(SERVER_ARGS)
+    make(diff)
+    before = snapshot(site)
+    for mode in (["--dry-run"], []):
+        refused = run(site, root, *mode)
+        assert _one_error_line(refused) == f"the diff {diff} is not a regular file ({kind})"
+    assert snapshot(site) == before

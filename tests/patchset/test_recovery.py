@@ -10,6 +10,7 @@ import pytest
 from k26_ddtree.errors import UserError
 from k26_ddtree.patchset import apply
 from k26_ddtree.patchset.journal import JOURNAL_NAME
+from k26_ddtree.patchset.pins import DEFAULT_VERSION
 from processes import SECOND_TARGET, Command, run, staged_leftovers, which_whole_state, whole_states
 
 
@@ -85,7 +86,7 @@ def test_sigkill_after_the_commit_has_its_clean_up_finished(site, synthetic_patc
 def test_stray_staged_files_without_a_journal_are_reported_then_deleted(site, synthetic_patch_set):
     apply.apply(site, synthetic_patch_set, out=lambda line: None)
     strays = [site / "sglang/srt/.server_args.py.ab12cd34.k26-tmp",
-              site / apply.BACKUP_DIR / "sglang-0.5.11/sglang/srt/.server_args.py.ef56gh78.k26-tmp"]
+              site / apply.BACKUP_DIR / f"sglang-{DEFAULT_VERSION}/sglang/srt/.server_args.py.ef56gh78.k26-tmp"]
     for stray in strays:
         stray.write_bytes(b"half of something")
     scratch = site / ".k26_ddtree.ij90kl12.k26-tmp"

@@ -1,11 +1,13 @@
 """The pinned SGLang, patched, importable on a CPU-only machine.
 
-`patched_sglang` copies the pristine pinned sglang (tests/conftest.py), patches
-it with `k26-deploy apply`'s own code using a patch set regenerated from the
-current full/ files (so a full/ file edited since the last regen is still what
-gets tested), and puts it at the front of sys.path (the stubs for sgl_kernel and torchvision are
-there from the session's start: tests/conftest.py). Tests import sglang modules inside the test body, after
-requesting the fixture.
+`patched_sglang` copies the pristine sglang of a version (tests/conftest.py),
+patches it with `k26-deploy apply`'s own code and that version's patch set, and
+puts it at the front of sys.path (the stubs for sgl_kernel and torchvision are
+there from the session's start: tests/conftest.py). The version is
+pins.DEFAULT_VERSION, or the one a test names by indirect parametrization
+(`@pytest.mark.parametrize("patched_sglang", [VERSION], indirect=True)`); one
+version per test process, since sglang is imported once. Tests import sglang
+modules inside the test body, after requesting the fixture.
 """
 
 from __future__ import annotations
@@ -17,32 +19,31 @@ from pathlib import Path
 
 import pytest
 
-from k26_ddtree.patchset import apply, importable, regen
-from k26_ddtree.patchset.pins import FULL_DIR, PINS_FILE, SERIES_FILE
-from k26_ddtree.patchset.wheel import shipped_wheel
+from k26_ddtree.patchset import apply, importable
+from k26_ddtree.patchset.pins import DEFAULT_VERSION, root_for
 from server_args_support import QWEN3
 
-REPO = Path(__file__).resolve().parents[2]
-PATCHES = REPO / "patches" / "sglang-0.5.11"
+_ON_SYS_PATH: dict[str, Path] = {}  # version -> the patched site put on sys.path
 
 
 @pytest.fixture(scope="session")
-def patched_sglang(pristine_sglang, tmp_path_factory) -> Path:
-    site = tmp_path_factory.mktemp("sglang-patched")
-    shutil.copytree(pristine_sglang / "sglang", site / "sglang")
-    for dist_info in pristine_sglang.glob("*.dist-info"):
-        shutil.copytree(dist_info, site / dist_info.name)
-    if regen.full_files(PATCHES):
-        patch_set = tmp_path_factory.mktemp("patch-set")
-        shutil.copyfile(PATCHES / PINS_FILE, patch_set / PINS_FILE)
-        (patch_set / FULL_DIR).symlink_to(PATCHES / FULL_DIR)
-        regen.regenerate(patch_set, shipped_wheel(), out=lambda line: None)
-        if (patch_set / SERIES_FILE).read_text().strip():  # empty while every full/ file is still pristine
-            apply.apply(site, patch_set, out=lambda line: None)
-            importable.undo(site)  # the tests import the checkout's k26_ddtree, not a copy beside sglang
-    if str(site) not in sys.path:
+def patched_sglang(request, pristine_sources, patches_dir, tmp_path_factory) -> Path:
+    version = getattr(request, "param", DEFAULT_VERSION)
+    other = [v for v in _ON_SYS_PATH if v != version]
+    if other:
+        pytest.fail(f"sglang {other[0]} is already on sys.path in this test process; run the tests of "
+                    f"sglang {version} in a process of their own")
+    if version not in _ON_SYS_PATH:
+        pristine = pristine_sources(version)
+        site = tmp_path_factory.mktemp(f"sglang-{version}-patched")
+        shutil.copytree(pristine / "sglang", site / "sglang")
+        for dist_info in pristine.glob("*.dist-info"):
+            shutil.copytree(dist_info, site / dist_info.name)
+        apply.apply(site, root_for(version, patches_dir), out=lambda line: None)
+        importable.undo(site)  # the tests import the checkout's k26_ddtree, not a copy beside sglang
         sys.path.insert(0, str(site))
-    return site
+        _ON_SYS_PATH[version] = site
+    return _ON_SYS_PATH[version]
 
 
 @pytest.fixture

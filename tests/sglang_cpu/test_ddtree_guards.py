@@ -1,21 +1,20 @@
 """Tokens-per-request and mask guards, called through the real patched CudaGraphRunner and
-TritonAttnBackend methods; and every full patched file compiles."""
+TritonAttnBackend methods; and every patched file compiles."""
 
 from __future__ import annotations
 
 import py_compile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-FULL = Path(__file__).resolve().parents[2] / "patches" / "sglang-0.5.11" / "full"
+from k26_ddtree.patchset.pins import default_root, load
 
 
-@pytest.mark.parametrize("path", sorted(FULL.rglob("*.py")), ids=lambda p: str(p.relative_to(FULL)))
-def test_full_patched_file_compiles(path, tmp_path):
-    py_compile.compile(str(path), cfile=str(tmp_path / "out.pyc"), doraise=True)
+@pytest.mark.parametrize("rel", [pin.rel for pin in load(default_root()).files if pin.rel.endswith(".py")])
+def test_patched_file_compiles(rel, patched_sglang, tmp_path):
+    py_compile.compile(str(patched_sglang / rel), cfile=str(tmp_path / "out.pyc"), doraise=True)
 
 
 def dflash_verify(n, custom_mask=None):
