@@ -1,0 +1,1 @@
+"""DDTree inside SGLang 0.5.17's overlap DFlash worker (DFlashWorkerV2)."""
