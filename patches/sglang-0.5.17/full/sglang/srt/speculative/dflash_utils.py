@@ -9,9 +9,11 @@ from typing import Any, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from k26_ddtree.sglang.v0_5_17 import args as ddtree_args
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.spec_utils import _sample_simulated_acc_len
 from sglang.srt.utils import is_cuda, is_hip, is_musa
 
@@ -114,7 +116,12 @@ def resolve_dflash_verify_mask_policy(attn_backend: Any) -> tuple[str, bool]:
             break
         backend = full_backend
     backend_name = type(backend).__name__
-    return backend_name, (backend_name not in _DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS)
+    build_custom_mask = ddtree_args.verify_needs_mask(
+        backend_name,
+        backend_name not in _DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS,
+        get_spec(),
+    )
+    return backend_name, build_custom_mask
 
 
 def apply_dflash_verify_logits_adjustments(
