@@ -5,6 +5,8 @@ from typing import List, Optional
 
 import torch
 
+from k26_ddtree.sglang.args import draft_block_size, is_ddtree
+from k26_ddtree.sglang.v0_5_17.worker import DDTreeV2
 from sglang.kernels.ops.speculative.cache_locs import (
     assign_extend_cache_locs_func,
     rebuild_compact_draft_req_to_token_func,
@@ -202,6 +204,7 @@ class DFlashWorkerV2(BaseSpecWorker):
         self._draft_worker = bundle.draft_worker
         self.draft_model_runner = bundle.draft_model_runner
         self._draft_sampler = None
+        self._ddtree: Optional[DDTreeV2] = None
         self.draft_model = bundle.draft_model
         draft_config = parse_dflash_draft_config(
             draft_hf_config=self.draft_model_runner.model_config.hf_config
@@ -210,7 +213,7 @@ class DFlashWorkerV2(BaseSpecWorker):
             # Should not happen (ServerArgs should have inferred it), but keep a fallback.
             self.block_size = int(draft_config.resolve_block_size(default=16))
         else:
-            self.block_size = int(server_args.speculative_num_draft_tokens)
+            self.block_size = int(draft_block_size(server_args))
             model_block_size = draft_config.block_size
             if model_block_size is None:
                 model_block_size = getattr(self.draft_model, "block_size", None)
@@ -351,7 +354,7 @@ class DFlashWorkerV2(BaseSpecWorker):
                     "memory is available after target backend initialization.",
                     available_mem,
                 )
-        if capture_decode_cuda_graph:
+        if capture_decode_cuda_graph and not is_ddtree(self.server_args):
             # Must run before capture so the draft graph folds the head in.
             self._draft_sampler = self._maybe_build_draft_sampler()
             if self._draft_sampler is not None:
@@ -360,6 +363,14 @@ class DFlashWorkerV2(BaseSpecWorker):
                 )
         self._draft_worker.init_cuda_graphs(
             capture_decode_cuda_graph=capture_decode_cuda_graph
+        )
+        self._ddtree = DDTreeV2.for_worker(
+            self,
+            (
+                get_exec().graph.cuda_graph_config.decode.bs
+                if capture_decode_cuda_graph
+                else None
+            ),
         )
 
     def _maybe_build_draft_sampler(self):
@@ -1627,6 +1638,15 @@ class DFlashWorkerV2(BaseSpecWorker):
         with torch.inference_mode():
             draft_out = self.draft_model_runner.forward(forward_batch)
         draft_logits_output = draft_out.logits_output
+        if self._ddtree is not None:
+            return self._ddtree.decode(
+                self,
+                batch,
+                draft_input,
+                draft_logits_output.hidden_states,
+                on_publish,
+                grammar_barrier,
+            )
 
         if self._draft_sampler is not None and draft_out.can_run_graph:
             draft_next = self._draft_sampler.out[
