@@ -139,9 +139,11 @@ def _top_p_renorm(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def target_probs(logits: torch.Tensor, sampling_info: SamplingBatchInfo, verify_width: int) -> torch.Tensor:
+def target_probs(logits: torch.Tensor, sampling_info: SamplingBatchInfo, verify_width: int,
+                 max_top_k: int | None = None) -> torch.Tensor:
     """[B, N, V] the target's next-token law at every node: temperature, then top-k
-    (top-k first, as DFlash does), then top-p. min_p is not applied, as in DFlash's verify."""
+    (top-k first, as DFlash does), then top-p. min_p is not applied, as in DFlash's verify.
+    max_top_k: the batch's largest top-k where the host knows it (else read from the device)."""
     temperatures = torch.repeat_interleave(sampling_info.temperatures, verify_width, dim=0)
     scaled = logits / temperatures
     vocab = scaled.shape[-1]
@@ -152,7 +154,7 @@ def target_probs(logits: torch.Tensor, sampling_info: SamplingBatchInfo, verify_
     probs = None
     if need_top_k:
         top_ks = torch.repeat_interleave(sampling_info.top_ks, verify_width, dim=0).to(torch.int64).clamp(1, vocab)
-        max_top_k = int(top_ks.max())
+        max_top_k = int(top_ks.max()) if max_top_k is None else min(int(max_top_k), vocab)
         if max_top_k < vocab:
             # Sparse: only the max_top_k best logits can carry mass.
             top_logits, top_index = scaled.topk(max_top_k, dim=-1)

@@ -1,0 +1,125 @@
+"""The DDTree flags on SGLang 0.5.17's ServerArgs: their help, the DDTREE spelling, validation, the
+token counts per role and the verify-mask policy.
+
+The flags, their defaults and their checks are those of k26_ddtree.sglang.args (reused here);
+0.5.17 changes where they are declared (one annotated ServerArgs field per flag, the help below)
+and how many tokens each role counts:
+
+  speculative_num_draft_tokens   the target's: max(verify width, block). SGLang reads it from the
+                                 process-wide spec bag for the decode reservation (committed +
+                                 2 N slots per request), the req_to_token row width, the triton
+                                 backend's buffers and the draft runner's graphs, so it must hold
+                                 both the widest tree and the draft block
+  target verify graphs           the schedule's widest verify width (budget + 1, a chain bucket's
+                                 block); narrower trees are padded to it (ddtree_utils)
+  draft graphs                   the block (tokens_per_request: the draft runner's server args are a
+                                 copy of the target's, but its graph runner reads the target's N)
+
+Nothing here imports sglang: server_args.py imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from k26_ddtree.sglang import args as base
+from k26_ddtree.sglang.args import DDTreeArgsError, DDTreeSchedule
+
+logger = logging.getLogger(__name__)
+
+TRITON_BACKEND_CLASS = "TritonAttnBackend"
+
+HELP_BUDGET = (
+    "DFLASH with DDTree: verify a tree of this many draft nodes per request (the budget most probable "
+    "draft prefixes) instead of one chain. Turns DDTree on. The target verifies budget + 1 tokens per "
+    "request; must be <= sum of topk^d for d = 1..block_size - 1."
+)
+HELP_TOPK = f"DFLASH with DDTree: candidates per draft position (default {base.DEFAULT_TOPK})."
+HELP_SCHEDULE = (
+    'DFLASH with DDTree: the tree per batch size instead of one budget, e.g. "1:32/8,4:16/4,16:8/4,64:0": '
+    "bs:budget/topk, each bucket from that batch size up to the next, the first at 1; 0 is the plain "
+    "DFlash chain. Turns DDTree on; replaces --speculative-ddtree-budget/topk. k26-deploy tune writes one "
+    "from a trace."
+)
+HELP_SPINE = (
+    "DFLASH with DDTree: always include the top-1 chain, so acceptance is never below linear DFLASH."
+)
+HELP_TRACE = (
+    "DFLASH with DDTree: append, per decode step and request, the drafter's top-8 tokens and log-probs at "
+    "every depth and the tokens the step committed to this file (k26-deploy tune reads it). Default "
+    f"${base.TRACE_ENV}, else off."
+)
+HELP_TRACE_MAX_MB = (
+    "DFLASH with DDTree: stop tracing, with a warning, before the trace file passes N MB "
+    f"(default {base.DEFAULT_TRACE_MAX_MB})."
+)
+DEFAULT_TRACE_MAX_MB = base.DEFAULT_TRACE_MAX_MB
+
+
+def normalize_algorithm(server_args) -> None:
+    """First step of ServerArgs.__post_init__: DDTREE -> DFLASH and the flag checks of
+    args.normalize_algorithm, after forgetting a count finalize derived (a ServerArgs rebuilt
+    from a resolved one resolves the same)."""
+    if _derived_draft_tokens(server_args) == server_args.speculative_num_draft_tokens is not None:
+        server_args.speculative_num_draft_tokens = None
+    base.normalize_algorithm(server_args)
+
+
+def _derived_draft_tokens(server_args) -> int | None:
+    block = server_args.speculative_dflash_block_size
+    if block is None or (server_args.speculative_ddtree_budget is None
+                         and server_args.speculative_ddtree_budget_schedule is None):
+        return None
+    return max(base.max_verify_width(server_args), int(block))
+
+
+def finalize(server_args, attention_backends, page_size) -> None:
+    """Last step of SGLang's DFLASH checks (speculative_hook._handle_dflash), once the block size
+    is resolved into speculative_num_draft_tokens: validate, then split the counts.
+    attention_backends and page_size are the resolving values (the fields may still be unset)."""
+    if not base.is_ddtree(server_args):
+        return
+    block_size = int(server_args.speculative_num_draft_tokens)
+    if block_size < 2:
+        raise DDTreeArgsError(f"DDTree needs a DFLASH block size >= 2 (one draft position), got {block_size}")
+    server_args.speculative_dflash_block_size = block_size
+    schedule = DDTreeSchedule.from_server_args(server_args)
+    if server_args.speculative_ddtree_budget_schedule is None:
+        base.check_tree(schedule.configs[0])
+    else:
+        base.parse_schedule(server_args.speculative_ddtree_budget_schedule, block_size)
+    backends = {b for b in attention_backends if b is not None}
+    if backends != {base.SUPPORTED_ATTENTION_BACKEND}:
+        raise DDTreeArgsError(
+            "DDTree verification needs an attention backend that applies a tree mask: use "
+            f"--attention-backend {base.SUPPORTED_ATTENTION_BACKEND} (got {', '.join(sorted(backends)) or 'none'})"
+        )
+    if page_size not in (None, 1):
+        raise DDTreeArgsError(
+            f"DDTree keeps the accepted tree path's KV slots, which needs --page-size 1 (got {page_size})"
+        )
+    base.resolve_trace(server_args, depth=block_size - 1)
+    server_args.speculative_num_draft_tokens = max(schedule.max_verify_width, block_size)
+    logger.info(
+        "DDTree on: %s, spine %s, block %d; the target verifies %d tokens per request.",
+        schedule.describe(), bool(server_args.speculative_ddtree_spine), block_size, schedule.max_verify_width,
+    )
+
+
+def tokens_per_request(server_args, is_draft_worker: bool, num_draft_tokens: int) -> int:
+    """Tokens per request of a runner's TARGET_VERIFY graphs and logits buffer: with DDTree the
+    target's widest verify, the draft's block; otherwise SGLang's `num_draft_tokens`."""
+    if not base.is_ddtree(server_args) or server_args.speculative_dflash_block_size is None:
+        return num_draft_tokens
+    if is_draft_worker:
+        return int(server_args.speculative_dflash_block_size)
+    return DDTreeSchedule.from_server_args(server_args).max_verify_width
+
+
+def verify_needs_mask(backend_name: str, upstream: bool, spec) -> bool:
+    """Whether a DFlash target verify graph is captured reading the custom mask. SGLang skips it
+    for backends whose causal path covers a chain (Triton among them); a DDTree verify is a
+    tree, so the Triton graph must read the mask. `spec`: the spec config (its DDTree fields)."""
+    if backend_name == TRITON_BACKEND_CLASS and base.is_ddtree(spec):
+        return True
+    return upstream

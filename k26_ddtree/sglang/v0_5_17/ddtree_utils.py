@@ -1,0 +1,82 @@
+"""The slot maths of a DDTree verify in SGLang 0.5.17's overlap worker, all on the device.
+
+In 0.5.17 the scheduler reserves KV slots ahead (req_to_token[committed : committed + 2 N] per
+request, N the spec bag's count) and frees a request's row past its committed length when it
+ends: a step allocates and frees nothing. So the tree's W nodes take the slots already in
+req_to_token[prefix, prefix + W), node i at column prefix + i, and the commit permutes that
+segment in place: the accepted path's slots first, in depth order (node path[d] at position
+prefix + d, where its KV, written attending only to its ancestors, is what an autoregressive step
+writes), then every other node's slot, kept in the row for a later step.
+
+  pad_tree        a tree of n nodes as a verify of W >= n tokens (a schedule's narrower buckets):
+                  padding nodes repeat the root at its position and attend to themselves only;
+                  no walk reaches them
+  node_slots      req_to_token[prefix, prefix + W) per request
+  permute_path    the commit permutation, written back to req_to_token; the new segment
+  path_rows       rows of the target's hidden states [B * W, F] on the accepted paths [B * P]
+
+Every shape is known on the host (B, W, P); no function reads a device value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pad_tree(tokens: torch.Tensor, positions: torch.Tensor, ancestor: torch.Tensor,
+             width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens / positions [B, n] long, ancestor [B, n, n] bool -> the same for `width` >= n nodes."""
+    batch, n = tokens.shape
+    if width == n:
+        return tokens, positions, ancestor
+    if width < n:
+        raise ValueError(f"a tree of {n} nodes does not fit a verify of {width} tokens")
+    pad = width - n
+    tokens = torch.cat([tokens, tokens[:, :1].expand(batch, pad)], dim=1)
+    positions = torch.cat([positions, positions[:, :1].expand(batch, pad)], dim=1)
+    padded = torch.eye(width, dtype=torch.bool, device=ancestor.device).repeat(batch, 1, 1)
+    padded[:, :n, :n] = ancestor
+    return tokens, positions, padded
+
+
+def _columns(prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
+    return prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(width, device=prefix_lens.device)
+
+
+def node_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+               width: int) -> torch.Tensor:
+    """[B, W] int64: the KV slot of every verify node, req_to_token[req, prefix + i]."""
+    rows = req_pool_indices.to(torch.int64).unsqueeze(1)
+    return req_to_token[rows, _columns(prefix_lens, width)].to(torch.int64)
+
+
+def permute_path(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+                 slots: torch.Tensor, path: torch.Tensor, commit_lens: torch.Tensor) -> torch.Tensor:
+    """Reorder each request's req_to_token[prefix, prefix + W): the first commit_lens[b] nodes of
+    path[b] in depth order, then the other nodes in node order. Returns the new segment [B, W].
+
+    slots [B, W] (node_slots before this step's commit); path [B, P] local node indices, root first,
+    -1 past the accepted ones; commit_lens [B] <= P."""
+    batch, width = slots.shape
+    depth_count = path.shape[1]
+    device = slots.device
+    depth = torch.arange(depth_count, device=device).expand(batch, depth_count)
+    on_path = depth < commit_lens.to(torch.int64).unsqueeze(1)
+    # Off-path nodes sort after the path by node index; path nodes by depth. Entries past a
+    # request's commit go to a spare column that is dropped.
+    key = torch.cat([depth_count + torch.arange(width, device=device).expand(batch, width),
+                     torch.zeros(batch, 1, dtype=torch.int64, device=device)], dim=1)
+    key.scatter_(1, torch.where(on_path, path.to(torch.int64), width), depth)
+    order = torch.argsort(key[:, :width], dim=1)
+    segment = slots.gather(1, order)
+    rows = req_pool_indices.to(torch.int64).unsqueeze(1)
+    req_to_token[rows, _columns(prefix_lens, width)] = segment.to(req_to_token.dtype)
+    return segment
+
+
+def path_rows(path: torch.Tensor, width: int) -> torch.Tensor:
+    """[B * P] rows of a [B * W, F] per-node tensor along each accepted path (the root's row past
+    the accepted ones: read, never committed)."""
+    batch = path.shape[0]
+    base = torch.arange(batch, device=path.device).unsqueeze(1) * width
+    return (base + path.to(torch.int64).clamp(min=0)).reshape(-1)

@@ -1,0 +1,222 @@
+"""DDTree's decode step inside SGLang 0.5.17's DFlashWorkerV2, with overlap scheduling on.
+
+The patched worker builds a DDTreeV2 in init_cuda_graphs (every step graph captured there) and,
+in forward_batch_generation, hands each decode step to DDTreeV2.decode right after its own draft
+block forward (prepare, draft KV slots, the draft model's one TARGET_VERIFY forward: unchanged):
+
+  1. draft.py          the drafter of the batch size's bucket: the block's top-K through the target
+                       lm_head, the tree, its mask, positions and retrieve links (step_graphs.py:
+                       replayed from the bucket's CUDA graph where one holds the batch)
+  2. ddtree_info.py    the verify input: W tokens per request (the target's verify width; a
+                       narrower bucket's tree padded), the tree mask, the slots req_to_token[prefix,
+                       prefix + W) the scheduler reserved
+  3. SGLang            prepare_for_verify and the target forward (its graph holds W per request
+                       and reads the mask: args.tokens_per_request, args.verify_needs_mask); the
+                       grammar mask over the tree and the logit adjustments as DFlash applies them
+  4. ddtree_info.py    accept, then commit on the device: the path's slots permuted to the front
+                       of the row, new_seq_lens published at once (on_publish), then the path's
+                       target hidden states appended to the draft KV as DFlash appends its chain
+  5. the result        DFlash's: next_token_ids strided by P = D + 1 (accepted drafts then the
+                       bonus), accept_lens, new_seq_lens, the bonus as the next draft input
+
+The step copies nothing to the host and waits for nothing: the scheduler reads tokens and lengths
+from the result a step later, as it reads DFlash's. Only while the server traces does the step
+copy its committed tokens to the host (the trace record needs them).
+
+A chain bucket of a schedule ("bs:0") is served as the top-1 tree of block - 1 nodes: the
+drafter's argmax chain, verified and committed through the same path (one verify width, one graph
+per batch size), with the same greedy output as DFlash's chain.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from k26_ddtree.sglang.args import DDTreeArgsError, DDTreeConfig, DDTreeSchedule
+from k26_ddtree.sglang.draft import DDTreeDrafter, DDTreeDrafters, DraftHead, topk_hook_from_env
+from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
+from k26_ddtree.sglang.trace import TraceWriter
+from k26_ddtree.sglang.v0_5_17.ddtree_info import DDTreeVerifyInputV2
+from k26_ddtree.sglang.v0_5_17.ddtree_utils import pad_tree
+from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.distributed import get_tp_group
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+
+logger = logging.getLogger(__name__)
+
+
+def bucket_config(schedule: DDTreeSchedule, index: int) -> DDTreeConfig:
+    """The tree a bucket drafts: its config, or for a chain bucket the top-1 tree of the block."""
+    bucket = schedule.buckets[index]
+    if bucket.config is not None:
+        return bucket.config
+    return DDTreeConfig(budget=bucket.block_size - 1, topk=1, spine=False, block_size=bucket.block_size)
+
+
+def graph_batch_sizes(decode_sizes, max_running_requests) -> list[int]:
+    """The batch sizes the step graphs capture: SGLang's decode graph sizes, up to the first that
+    holds --max-running-requests."""
+    sizes = sorted({int(s) for s in decode_sizes or [] if int(s) > 0})
+    if max_running_requests:
+        sizes = [b for b in sizes if b < max_running_requests] + [b for b in sizes if b >= max_running_requests][:1]
+    return sizes
+
+
+class DDTreeV2:
+    """One DFlashWorkerV2's DDTree: its schedule's drafters and the target's verify width W.
+
+    step_counts   while tracing: per request id in the last traced batch, its decode steps so far
+    """
+
+    def __init__(self, schedule: DDTreeSchedule, drafters: DDTreeDrafters, verify_width: int):
+        self.schedule = schedule
+        self.drafters = drafters
+        self.verify_width = verify_width
+        self.step_counts: dict[str, int] = {}
+
+    @classmethod
+    def for_worker(cls, worker, decode_sizes) -> DDTreeV2 | None:
+        """Built at worker start-up, after the target and draft runners; decode_sizes: the batch
+        sizes SGLang captures decode graphs for (none when it captures none)."""
+        server_args = worker.server_args
+        schedule = DDTreeSchedule.from_server_args(server_args)
+        if schedule is None:
+            return None
+        runner = worker.target_worker.model_runner
+        configs = [bucket_config(schedule, i) for i in range(len(schedule.buckets))]
+        check_target(runner, max(c.topk for c in configs))
+        tp_group = get_tp_group()
+        head = DraftHead.of(runner.model.lm_head, tp_group if tp_group.world_size > 1 else None)
+        hook = topk_hook_from_env()
+        traced = server_args.speculative_ddtree_trace is not None
+        trace = TraceWriter.for_server(server_args) if traced and worker.ps.tp_rank == 0 else None
+        device = torch.device(worker.device)
+        sizes = graph_batch_sizes(decode_sizes, server_args.max_running_requests) if device.type == "cuda" else []
+        drafters = [
+            DDTreeDrafter.for_bucket(config, head, bucket_sizes, server_args, device, hook, trace)
+            for config, bucket_sizes in zip(configs, schedule.graph_batch_sizes(sizes))
+        ]
+        # The target's verify graphs hold this width (args.tokens_per_request).
+        width = schedule.max_verify_width
+        logger.info("DDTree v2 worker: %s; verify width %d.", schedule.describe(), width)
+        return cls(schedule, DDTreeDrafters(schedule, drafters, hook), width)
+
+    def decode(self, worker, batch, draft_input, draft_hidden: torch.Tensor, on_publish=None,
+               grammar_barrier=None) -> GenerationBatchResult:
+        """One decode step after the worker's draft block forward; draft_hidden [B * block, H]."""
+        bs = len(batch.seq_lens)
+        prefix_lens = batch.seq_lens
+        if batch.seq_lens_cpu is None:
+            raise RuntimeError("DDTree verify needs the host's sequence lengths, which the triton backend asks for")
+        req_to_token = worker.model_runner.req_to_token_pool.req_to_token
+        drafter = self.drafters.for_batch(bs)
+        step = drafter.draft(draft_input.bonus_tokens.view(-1), draft_hidden.view(bs, worker.block_size, -1), batch)
+        verify = DDTreeVerifyInputV2.build(step, self.verify_width, req_to_token, batch.req_pool_indices,
+                                           prefix_lens, batch.seq_lens_cpu)
+        grammar_tree = self._grammar_tree(step) if batch.has_grammar else None
+        logits_output, can_run_cuda_graph = self._verify_forward(worker, batch, verify)
+
+        logits = logits_output.next_token_logits
+        if batch.has_grammar:
+            grammar_mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
+                                                    device=logits.device, barrier=grammar_barrier)
+        else:
+            grammar_mask = None
+        if batch.sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=batch.sampling_info,
+                                                   draft_token_num=self.verify_width)
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
+        acceptance = verify.accept(logits, batch.sampling_info, draft_input.max_top_k)
+
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTree verify requires the target hidden states, but got None")
+        commit = verify.commit(acceptance, req_to_token, batch.req_pool_indices, prefix_lens, hidden)
+        fence_req_to_token(worker.war_fastpath_runner, req_to_token.device)
+        if on_publish is not None:
+            on_publish(commit.new_seq_lens)
+        worker._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=commit.draft_hidden, cache_loc=commit.draft_cache_loc.reshape(-1),
+            cache_loc_2d=commit.draft_cache_loc, positions=commit.draft_positions, commit_lens=commit.commit_lens,
+        )
+        logits_output.hidden_states = None
+        if step.trace is not None:
+            self._trace(step, batch, acceptance)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=commit.out_tokens.reshape(-1),
+            accept_lens=commit.commit_lens,
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=worker._make_next_draft_input_decode(bonus_tokens=commit.bonus,
+                                                                  new_seq_lens=commit.new_seq_lens),
+            speculative_num_draft_tokens=acceptance.width,
+            new_seq_lens=commit.new_seq_lens,
+        )
+
+    def _verify_forward(self, worker, batch, verify: DDTreeVerifyInputV2):
+        """SGLang's target verify of `verify`: (logits output, whether its CUDA graph ran)."""
+        batch.out_cache_loc = verify.node_slots.reshape(-1)
+        seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
+        # The host bound of the lengths the attention backend plans with: prefix and the verify.
+        batch.seq_lens_cpu = seq_lens_cpu + self.verify_width
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        forward_batch, _ = verify.prepare_for_verify(batch, worker.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
+        out = worker.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True,
+                                                            skip_attn_backend_init=True)
+        return out.logits_output, out.can_run_cuda_graph
+
+    def _grammar_tree(self, step: StepTree) -> GrammarTree:
+        """The tree for SGLang's grammar bitmask, padded to the verify width (padding nodes have
+        no links); started before the target verify launch, as SGLang requires."""
+        _, next_token, next_sibling = step.retrieve
+        tokens, _, _ = pad_tree(step.tree.tokens, step.positions, step.ancestor, self.verify_width)
+        pad = self.verify_width - next_token.shape[1]
+        if pad:
+            next_token = torch.nn.functional.pad(next_token, (0, pad), value=-1)
+            next_sibling = torch.nn.functional.pad(next_sibling, (0, pad), value=-1)
+        return GrammarTree.from_device(next_token, next_sibling, tokens)
+
+    def _trace(self, step: StepTree, batch, acceptance) -> None:
+        """The step's trace records of its greedy requests; the one host copy a traced step makes.
+        Each request's decode steps are counted here: its spec counters trail the overlap step."""
+        counts = {req.rid: self.step_counts.get(req.rid, -1) + 1 for req in batch.reqs}
+        self.step_counts = counts
+        info = batch.sampling_info
+        all_greedy = info is None or info.is_all_greedy
+        # SGLang turns temperature 0 into top_k 1; top_k 1 at any temperature is the argmax too.
+        rows = list(range(len(batch.reqs))) if all_greedy else [
+            i for i, req in enumerate(batch.reqs) if req.sampling_params.top_k == 1]
+        if not rows:
+            return
+        committed = acceptance.committed_on_host()
+        step.trace.record([batch.reqs[i].rid for i in rows], [counts[batch.reqs[i].rid] for i in rows],
+                          [committed[i] for i in rows], rows=None if all_greedy else rows)
+
+
+def check_target(model_runner, topk: int) -> None:
+    """Reject target models whose verify cannot be a tree, once the model is loaded."""
+    if mambaish_config(model_runner.model_config) is not None:
+        raise DDTreeArgsError(
+            "DDTree cannot verify a tree on hybrid Mamba / linear-attention (GDN) models: their recurrent "
+            "state follows one token sequence; use linear DFLASH (drop --speculative-ddtree-budget)"
+        )
+    vocab_size = int(model_runner.model_config.vocab_size)
+    if topk > vocab_size:
+        raise DDTreeArgsError(f"--speculative-ddtree-topk {topk} exceeds the vocabulary size {vocab_size}")
+
+
+def fence_req_to_token(war_runner, device: torch.device) -> None:
+    """The scheduler orders its next req_to_token writes (a finished request's row freed, new
+    rows) after the event the step's last reader publishes; the commit wrote req_to_token after
+    the verify graph published its own, so publish one after the commit."""
+    if device.type != "cuda":
+        return
+    done = torch.cuda.Event()
+    done.record()
+    war_runner.war_fastpath_read_done_event = done
