@@ -6,44 +6,27 @@ puts it at the front of sys.path (the stubs for sgl_kernel and torchvision are
 there from the session's start: tests/conftest.py). The version is
 pins.DEFAULT_VERSION, or the one a test names by indirect parametrization
 (`@pytest.mark.parametrize("patched_sglang", [VERSION], indirect=True)`); one
-version per test process, since sglang is imported once. Tests import sglang
-modules inside the test body, after requesting the fixture.
+version per test process, since sglang is imported once (v0_5_17/ holds 0.5.17's tests,
+run in a process and venv of their own). Tests import sglang modules inside the test body, after
+requesting the fixture.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from k26_ddtree.patchset import apply, importable
-from k26_ddtree.patchset.pins import DEFAULT_VERSION, root_for
+from k26_ddtree.patchset.pins import DEFAULT_VERSION
+from sglang_patched_site import patch_and_import
 from server_args_support import QWEN3
-
-_ON_SYS_PATH: dict[str, Path] = {}  # version -> the patched site put on sys.path
 
 
 @pytest.fixture(scope="session")
 def patched_sglang(request, pristine_sources, patches_dir, tmp_path_factory) -> Path:
-    version = getattr(request, "param", DEFAULT_VERSION)
-    other = [v for v in _ON_SYS_PATH if v != version]
-    if other:
-        pytest.fail(f"sglang {other[0]} is already on sys.path in this test process; run the tests of "
-                    f"sglang {version} in a process of their own")
-    if version not in _ON_SYS_PATH:
-        pristine = pristine_sources(version)
-        site = tmp_path_factory.mktemp(f"sglang-{version}-patched")
-        shutil.copytree(pristine / "sglang", site / "sglang")
-        for dist_info in pristine.glob("*.dist-info"):
-            shutil.copytree(dist_info, site / dist_info.name)
-        apply.apply(site, root_for(version, patches_dir), out=lambda line: None)
-        importable.undo(site)  # the tests import the checkout's k26_ddtree, not a copy beside sglang
-        sys.path.insert(0, str(site))
-        _ON_SYS_PATH[version] = site
-    return _ON_SYS_PATH[version]
+    return patch_and_import(getattr(request, "param", DEFAULT_VERSION), pristine_sources, patches_dir,
+                            tmp_path_factory)
 
 
 @pytest.fixture
