@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # From a fresh clone to a running k26-ddtree service (README's first command).
 #
-#   bash env/quickstart.sh [--profile P] [--venv PATH] [--set KEY=VALUE]...
+#   bash env/quickstart.sh [--profile P] [--venv PATH] [--sglang VERSION] [--set KEY=VALUE]...
 #
-# 1. set up the venv (env/setup_env.sh: full CUDA stack on a GPU box, sglang sources only without GPUs)
-# 2. patch the pinned SGLang and verify it (k26-deploy apply)
+# 1. set up the venv (env/setup_env.sh: full CUDA stack on a GPU box, sglang sources only without GPUs;
+#    --sglang picks the SGLang version and its pins, an unknown one is refused before anything runs)
+# 2. patch the pinned SGLang and verify it (k26-deploy apply: needs a patch set for that version)
 # 3. take --profile or the one `k26-deploy detect` suggests (no GPUs: pcie-ep8, for a dry render)
 # 4. render the systemd unit and validate it (k26-deploy render)
 # 5. with GPUs and systemd as PID 1: install it, `systemctl start k26-ddtree` (returns once the
@@ -16,10 +17,11 @@ set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
 PROFILE=""
+SGLANG=""
 SETS=()
 
 usage() {
-  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 while [ $# -gt 0 ]; do
@@ -28,12 +30,27 @@ while [ $# -gt 0 ]; do
     --profile=*) PROFILE=${1#*=}; shift ;;
     --venv) [ $# -ge 2 ] || { echo "quickstart: error: --venv needs a path" >&2; exit 2; }; VENV=$2; shift 2 ;;
     --venv=*) VENV=${1#*=}; shift ;;
+    --sglang) [ $# -ge 2 ] && [ -n "$2" ] || { echo "quickstart: error: --sglang needs a version" >&2; exit 2; }
+      SGLANG=$2; shift 2 ;;
+    --sglang=?*) SGLANG=${1#*=}; shift ;;
+    --sglang=) echo "quickstart: error: --sglang needs a version" >&2; exit 2 ;;
     --set) [ $# -ge 2 ] || { echo "quickstart: error: --set needs KEY=VALUE" >&2; exit 2; }; SETS+=(--set "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "quickstart: error: unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
+# The known versions live in k26_ddtree/repro/sglang_versions.py, read with the python setup_env.sh
+# uses; without one, step 1 says so.
+PY=${PYTHON:-python3}
+if [ -n "$SGLANG" ] && command -v "$PY" >/dev/null 2>&1; then
+  if ! ERR=$(PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.repro.sglang_versions "$SGLANG" 2>&1 >/dev/null); then
+    echo "quickstart: $ERR" >&2
+    exit 2
+  fi
+fi
+SETUP_ARGS=(--venv "$VENV")
+[ -n "$SGLANG" ] && SETUP_ARGS+=(--sglang "$SGLANG")
 
 K26="$VENV/bin/k26-deploy"
 WORK="$ROOT/.cache/quickstart"
@@ -53,7 +70,7 @@ if [ "$HAVE_GPU" = yes ] && [ "$HAVE_SYSTEMD" = yes ]; then TOTAL=6; else TOTAL=
 echo "k26-ddtree quick start (repository $ROOT)"
 echo "  GPUs: $HAVE_GPU   systemd as PID 1: $HAVE_SYSTEMD   venv: $VENV"
 echo "Plan:"
-echo "  1. Set up the venv and the pinned stack        bash env/setup_env.sh --venv $VENV"
+echo "  1. Set up the venv and the pinned stack        bash env/setup_env.sh ${SETUP_ARGS[*]}"
 echo "  2. Patch the pinned SGLang and verify it       k26-deploy apply; k26-deploy apply --check"
 echo "  3. Choose the hardware profile                 ${PROFILE:+--profile $PROFILE}${PROFILE:-k26-deploy detect (no GPUs: pcie-ep8)}"
 echo "  4. Render and validate the systemd unit        k26-deploy render --profile P --allow-missing-model"
@@ -65,7 +82,7 @@ else
 fi
 
 step "Set up the venv and the pinned stack"
-bash "$ROOT/env/setup_env.sh" --venv "$VENV" || fail "setup failed (its last lines above say which step)"
+bash "$ROOT/env/setup_env.sh" "${SETUP_ARGS[@]}" || fail "setup failed (its last lines above say which step)"
 [ -x "$K26" ] || fail "setup finished but $K26 is missing"
 
 step "Patch the pinned SGLang and verify it"
@@ -112,14 +129,16 @@ if [ "$HAVE_GPU" != yes ] || [ "$HAVE_SYSTEMD" != yes ]; then
   ORIGIN=$(git -C "$ROOT" remote get-url origin 2>/dev/null || echo "<this repository>")
   # The next step's folders are the rendered profile's (--set may have moved them); the drafter's
   # repository and the stack are the toolkit's own pins.
-  NEXT=$("$VENV/bin/python" - "$UNIT_FILE" <<'PY'
+  NEXT=$("$VENV/bin/python" - "$UNIT_FILE" "$SGLANG" <<'PY'
 import sys
 from k26_ddtree.deploy.units import profile_from_unit
 from k26_ddtree.fetch.hub import DEFAULT_DRAFTER_REPO
-from k26_ddtree.repro.setup import CUDA_RELEASE, SGLANG, TORCH
+from k26_ddtree.repro.setup import CUDA_RELEASE
+from k26_ddtree.repro.sglang_versions import pins_for
+pins = pins_for(sys.argv[2] or None)
 with open(sys.argv[1], encoding="utf-8") as unit:
     profile = profile_from_unit(unit.read(), sys.argv[1])
-print(f"CUDA {CUDA_RELEASE} toolkit, torch {TORCH}, sglang {SGLANG}", profile.model, DEFAULT_DRAFTER_REPO,
+print(f"CUDA {CUDA_RELEASE} toolkit, torch {pins.torch}, sglang {pins.sglang}", profile.model, DEFAULT_DRAFTER_REPO,
       profile.drafter, sep="\n")
 PY
   ) || fail "cannot read the profile back from $UNIT_FILE"
@@ -132,10 +151,10 @@ PY
   echo
   echo "NEXT STEP, on the GPU box (8x RTX PRO 6000 or 8x B300, Ubuntu 24.04, systemd):"
   echo "  git clone $ORIGIN k26-ddtree && cd k26-ddtree"
-  echo "  sudo bash env/setup_env.sh             # $STACK in .venv"
+  echo "  sudo bash env/setup_env.sh${SGLANG:+ --sglang $SGLANG}             # $STACK in .venv"
   echo "  .venv/bin/k26-deploy fetch-model --dest $MODEL_DIR \\"
   echo "      --drafter $DRAFTER_REPO --drafter-dest $DRAFTER_DIR   # the weights (REPRODUCE.md step 4)"
-  echo "  sudo bash env/quickstart.sh --profile $PROFILE${SETS[*]:+ ${SETS[*]}}"
+  echo "  sudo bash env/quickstart.sh --profile $PROFILE${SGLANG:+ --sglang $SGLANG}${SETS[*]:+ ${SETS[*]}}"
   echo "Full walk-through with expected output and times: REPRODUCE.md"
   exit 0
 fi

@@ -1,10 +1,11 @@
-"""Offline site bundle: everything the pinned SGLang's triton-backend DFlash/DDTree path needs,
-for a machine with no network, as one checked .tar.xz.
+"""Offline site bundle: everything one SGLang version's triton-backend DFlash/DDTree path needs,
+for a machine with no network, as one checked .tar.xz. The packages per version are in
+sglang_versions.py (`--sglang VERSION`).
 
 Layout of the archive (one top folder, so it unpacks anywhere):
     k26-bundle/install.sh     checks SHA256SUMS, then moves site/ to the target (python3, tar, sha256sum only)
     k26-bundle/SHA256SUMS     sha256sum -c format, every file under site/
-    k26-bundle/bundle.json    python, sm, the packages and wheels it came from, what was left to the target
+    k26-bundle/bundle.json    sglang, python, sm, the packages and wheels it came from, what was left to the target
     k26-bundle/site/...       a PYTHONPATH folder: unpacked wheels, trimmed for the sm, plus k26_ddtree
 
 Wheels are fetched with `pip download --no-deps --only-binary=:all:` for the target's
@@ -13,6 +14,7 @@ Python and manylinux platforms and cached, so a second build is offline.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import io
 import json
@@ -30,64 +32,20 @@ from pathlib import Path
 from k26_ddtree import __version__
 from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import parse_sums, sha256_file
+from k26_ddtree.repro.sglang_versions import SglangPins
 
 DEFAULT_CACHE = Path("/var/cache/k26/gpu/wheels")
 TOP = "k26-bundle"
 MAX_MIB = 64
 
-# What the pinned SGLang needs beyond a CUDA image that already has torch, triton,
-# numpy, safetensors, requests, aiohttp, uvloop, psutil, pillow, ... (docs/sglang-on-the-h200.md).
-# The image's transformers 5.17 breaks `import sglang` 0.5.11, hence transformers/tokenizers here;
-# fastapi is held at 0.136 because newer ones import opentelemetry.
-REQUIREMENTS = (
-    "sglang==0.5.11",
-    "sglang-kernel==0.4.2",
-    "flashinfer-python==0.6.8.post1",
-    "transformers==5.6.0",
-    "tokenizers==0.22.2",
-    "fastapi==0.136.0",
-    "starlette==1.10.0",
-    "uvicorn==0.54.0",
-    "pydantic==2.14.4",
-    "pydantic-core==2.50.5",
-    "typing-inspection==0.4.5",
-    "annotated-types==0.8.0",
-    "python-multipart==0.0.34",
-    "orjson==3.13.0",
-    "pybase64==1.5.1",
-    "pyzmq==27.3.0",
-    "msgspec==0.23.0",
-    "setproctitle==1.3.8",
-    "openai==2.6.1",
-    "distro==1.9.0",
-    "sniffio==1.3.1",
-    "jiter==0.19.0",
-    "partial-json-parser==0.2.1.1.post7",
-    "ipython==9.18.1",
-    "traitlets==5.16.1",
-    "compressed-tensors==0.20.1",
-    "loguru==0.7.3",
-    "gguf==0.19.0",
-    "dill==0.4.1",
-    "jsonschema==4.26.0",
-    "jsonschema-specifications==2025.9.1",
-    "referencing==0.37.0",
-    "rpds-py==2026.9.1",
-    "soundfile==0.13.1",
-    "cffi==2.1.1",
-    "pycparser==3.12",
-    "apache-tvm-ffi==0.1.15.post2",
-)
-
-# The sglang wheel is tagged cp311 only for an optional gRPC extension; its Python
-# source serves any CPython, so it is fetched under its own tag and shipped without .so files.
+# The sglang wheel is tagged per CPython only for optional native extensions (gRPC; in 0.5.17
+# also the opt-in Rust server and one model's image processor); its Python source serves any
+# CPython, so the cp311 wheel is fetched for every target and shipped without .so files.
 SOURCE_ONLY = {"sglang": ("3.11", "manylinux_2_34_x86_64")}
 
 MANYLINUX = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_26_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64",
              "manylinux_2_34_x86_64", "manylinux_2_35_x86_64")
-
-SUPPORTED_SM = ("90", "100")
 
 
 def canonical(name: str) -> str:
@@ -153,14 +111,40 @@ def keep_member(package: str, path: str, sm: str) -> bool:
             return False  # mscclpp libraries and headers, dlpack cmake files
         if fnmatch.fnmatch(path, "sgl_kernel/flash_ops*.so") or fnmatch.fnmatch(path, "sgl_kernel/flashmla_ops*.so"):
             return False  # FA3 and FlashMLA: unused with the triton attention backend
+        if fnmatch.fnmatch(path, "sgl_kernel/infllm_ops*.so"):
+            return False  # InfLLM-V2 attention, loaded only when that backend is chosen
         m = re.match(r"sgl_kernel/sm(\d+)/", path)
         return m is None or m.group(1) == sm
     if package == "flashinfer-python":
         return not path.startswith("flashinfer/data/cutlass/")
+    if package == "xgrammar":
+        return not path.startswith("xgrammar/lib/")  # the static library, for linking C++ against it
     return True
 
 
-TRIMMED = {"sglang", "sglang-kernel", "flashinfer-python"}
+TRIMMED = {"sglang", "sglang-kernel", "flashinfer-python", "xgrammar"}
+
+# Packages whose shared libraries come with DWARF debug info: xgrammar 0.2.1's bindings are 53 MB
+# of which 50 are debug sections (8 MiB of the archive); `strip --strip-debug` keeps every symbol.
+DEBUG_STRIPPED = {"xgrammar"}
+
+
+def strip_tool(packages) -> str | None:
+    """The `strip` to run when any of `packages` needs one; UserError when it is not installed."""
+    needing = sorted(set(packages) & DEBUG_STRIPPED)
+    if not needing:
+        return None
+    tool = shutil.which("strip")
+    if tool is None:
+        raise UserError(f"`strip` not found: it drops the debug info of {', '.join(needing)}'s shared libraries "
+                        "(install binutils, e.g. apt-get install binutils)")
+    return tool
+
+
+def strip_debug(tool: str, path: Path) -> None:
+    proc = subprocess.run([tool, "--strip-debug", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"strip --strip-debug {path.name} failed: {proc.stderr.strip()[:200]}", code=1)
 
 
 def wheel_target_path(member: str) -> str | None:
@@ -173,9 +157,18 @@ def wheel_target_path(member: str) -> str | None:
     return member
 
 
-def unpack_wheel(wheel: Path, package: str, site: Path, sm: str) -> int:
-    """Unpack the kept members into site/; returns the bytes written."""
+def record_line(site: Path, rel: str) -> str:
+    """A wheel RECORD row for site/rel: path, urlsafe-base64 SHA-256 without padding, size."""
+    digest = base64.urlsafe_b64encode(bytes.fromhex(sha256_file(site / rel))).rstrip(b"=").decode()
+    return f"{rel},sha256={digest},{(site / rel).stat().st_size}"
+
+
+def unpack_wheel(wheel: Path, package: str, site: Path, sm: str, strip: str | None) -> int:
+    """Unpack the kept members into site/ (shared libraries of DEBUG_STRIPPED packages through
+    `strip`); returns the bytes written. A TRIMMED package's RECORD is written anew over the files
+    it kept: xgrammar finds its bindings library through it (tvm_ffi's load_lib_module)."""
     written = 0
+    kept, record = [], None
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
             if info.is_dir():
@@ -184,7 +177,9 @@ def unpack_wheel(wheel: Path, package: str, site: Path, sm: str) -> int:
             if rel is None or not keep_member(package, rel, sm):
                 continue
             if package in TRIMMED and rel.endswith(".dist-info/RECORD"):
-                continue  # the trimmed file list no longer matches RECORD
+                record = rel
+                continue
+            kept.append(rel)
             dest = site / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(info) as src, open(dest, "wb") as dst:
@@ -192,17 +187,47 @@ def unpack_wheel(wheel: Path, package: str, site: Path, sm: str) -> int:
             mode = (info.external_attr >> 16) & 0o777
             if mode & 0o111:
                 dest.chmod(0o755)
-            written += info.file_size
+            if package in DEBUG_STRIPPED and rel.endswith(".so"):
+                strip_debug(strip, dest)
+            written += dest.stat().st_size
+    if record is not None:
+        rows = [record_line(site, rel) for rel in sorted(kept)] + [f"{record},,"]
+        (site / record).write_text("\n".join(rows) + "\n")
+        written += (site / record).stat().st_size
     return written
 
 
 # --- download -----------------------------------------------------------------------------------
 
-def cached_wheel(cache: Path, name: str, version: str) -> Path | None:
+def loads_under(wheel_name: str, python: str) -> bool:
+    """Whether a wheel's Python and ABI tags serve CPython `python` ("3.12"): pure Python, that
+    CPython's own build, or a stable-ABI (abi3) build for it or an older one."""
+    parts = wheel_name[:-len(".whl")].split("-")
+    if len(parts) < 5:
+        return False
+    minor = int(python.split(".")[1])
+    abis = parts[-2].split(".")
+    for tag in parts[-3].split("."):
+        if tag.startswith("py"):
+            return True
+        built = re.fullmatch(r"cp3(\d+)", tag)
+        if built and (int(built.group(1)) == minor or ("abi3" in abis and int(built.group(1)) <= minor)):
+            return True
+    return False
+
+
+def fetch_python(name: str, python: str) -> str:
+    """The Python a package's wheel is fetched for: the target's, or its SOURCE_ONLY tag."""
+    return SOURCE_ONLY[name][0] if name in SOURCE_ONLY else python
+
+
+def cached_wheel(cache: Path, name: str, version: str, python: str) -> Path | None:
+    """The cached wheel of name==version that loads under `python` (one cache serves every target)."""
     stem = re.sub(r"[-.]+", "_", name)
     for wheel in sorted(cache.glob("*.whl")):
         parts = wheel.name.split("-")
-        if len(parts) >= 2 and canonical(parts[0]) == canonical(stem) and parts[1] == version:
+        if (len(parts) >= 2 and canonical(parts[0]) == canonical(stem) and parts[1] == version
+                and loads_under(wheel.name, fetch_python(name, python))):
             return wheel
     return None
 
@@ -220,8 +245,8 @@ def pip_download(cache: Path, pins: list[tuple[str, str]], python: str, platform
         raise UserError(f"pip download failed for {', '.join(n for n, _ in pins)}: {tail}", code=1)
 
 
-def not_cached(bring, cache: Path) -> list[tuple[str, str]]:
-    return [(n, v) for n, v in bring if cached_wheel(cache, n, v) is None]
+def not_cached(bring, cache: Path, python: str) -> list[tuple[str, str]]:
+    return [(n, v) for n, v in bring if cached_wheel(cache, n, v, python) is None]
 
 
 def fetch_wheels(bring, missing, cache: Path, python: str) -> dict[str, Path]:
@@ -236,7 +261,7 @@ def fetch_wheels(bring, missing, cache: Path, python: str) -> dict[str, Path]:
             pip_download(cache, [(name, version)], tag_python, (platform,))
     wheels = {}
     for name, version in bring:
-        wheel = cached_wheel(cache, name, version)
+        wheel = cached_wheel(cache, name, version, python)
         if wheel is None:
             raise UserError(f"no wheel for {name}=={version} in {cache} after download", code=1)
         wheels[name] = wheel
@@ -322,19 +347,25 @@ def write_archive(root: Path, out: Path, meta: dict, manifest: list[str], python
     (out.with_name(out.name + ".sha256")).write_text(f"{sha256_file(out)}  {out.name}\n")
 
 
-def build(python: str, sm: str, have: list[str], out_dir: Path, cache: Path, max_mib: float) -> Path:
-    if sm not in SUPPORTED_SM:
-        raise UserError(f"--sm {sm}: sglang-kernel 0.4.2 ships kernels for sm {', '.join(SUPPORTED_SM)} only")
+def build(pins: SglangPins, python: str, sm: str, have: list[str], out_dir: Path, cache: Path,
+          max_mib: float) -> Path:
+    if sm not in pins.kernel_sms:
+        raise UserError(f"--sm {sm}: sglang-kernel {pins.bundled('sglang-kernel')} (sglang {pins.sglang}) ships "
+                        f"kernels for sm {', '.join(pins.kernel_sms)} only")
     if not re.fullmatch(r"3\.\d+", python):
         raise UserError(f"--python {python}: give MAJOR.MINOR, e.g. 3.12")
-    sel = select(REQUIREMENTS, have)
+    supported = ["{}.{}".format(*v) for v in pins.pythons]
+    if python not in supported:
+        raise UserError(f"--python {python}: sglang {pins.sglang} has wheels for Python {', '.join(supported)}")
+    sel = select(pins.bundle, have)
     for name, version in sel.already_there:
         print(f"bundle: {name}=={version} is on the target already; not bundled")
     out = out_dir.absolute() / f"k26-site-py{python}-sm{sm}.tar.xz"
-    missing = not_cached(sel.bring, cache)
+    strip = strip_tool(name for name, _ in sel.bring)
+    missing = not_cached(sel.bring, cache, python)
     # Said before anything starts: a bare `k26-deploy bundle` downloads for minutes into the cwd.
-    print(f"bundle: will write {out} (--out picks the folder) from {len(sel.bring)} packages; "
-          f"{len(missing)} of their wheels are not in {cache} and are downloaded first "
+    print(f"bundle: will write {out} (--out picks the folder) for sglang {pins.sglang} "
+          f"from {len(sel.bring)} packages; {len(missing)} of their wheels are not in {cache} and are downloaded first "
           "(pip; about 2 minutes when none is cached)", flush=True)
     wheels = fetch_wheels(sel.bring, missing, cache, python)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -344,13 +375,13 @@ def build(python: str, sm: str, have: list[str], out_dir: Path, cache: Path, max
         site.mkdir()
         packages = []
         for name, version in sel.bring:
-            size = unpack_wheel(wheels[name], name, site, sm)
+            size = unpack_wheel(wheels[name], name, site, sm, strip)
             print(f"bundle: {name}=={version}: {size / 2**20:.1f} MiB unpacked", flush=True)
             packages.append({"name": name, "version": version, "wheel": wheels[name].name,
                              "wheel_sha256": sha256_file(wheels[name])})
         copy_self(site)
         manifest = manifest_lines(root)
-        meta = {"k26_ddtree": __version__, "python": python, "sm": sm, "packages": packages,
+        meta = {"k26_ddtree": __version__, "sglang": pins.sglang, "python": python, "sm": sm, "packages": packages,
                 "left_to_target": [f"{n}=={v}" for n, v in sel.already_there], "files": len(manifest)}
         print(f"bundle: compressing {len(manifest)} files (xz, about a minute)", flush=True)
         write_archive(root, out, meta, manifest, python)

@@ -11,9 +11,9 @@ from k26_ddtree.resources import source_root
 
 
 BUNDLE_HELP = """\
-Build an offline site archive for a machine without network: the pinned SGLang's
-Python source, sglang-kernel trimmed to one sm, flashinfer without its CUTLASS headers,
-transformers/tokenizers and the serving deps, plus k26_ddtree, with a SHA256 manifest.
+Build an offline site archive for a machine without network: one SGLang version's
+Python source (--sglang), sglang-kernel trimmed to one sm, flashinfer without its CUTLASS
+headers, transformers/tokenizers and the serving deps, plus k26_ddtree, with a SHA256 manifest.
 Packages the target already has at the same version (--have, --have-file) stay out.
 
 On the target (python3, tar, sha256sum only):
@@ -85,6 +85,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _bundle(args) -> int:
     from k26_ddtree.repro import bundle
+    from k26_ddtree.repro.sglang_versions import pins_for
 
     if args.install:
         if not args.target:
@@ -94,6 +95,7 @@ def _bundle(args) -> int:
         return 0
     if args.target:
         raise UserError("--target only applies with --install ARCHIVE")
+    pins = pins_for(args.sglang)
     if not args.max_mib > 0:
         raise UserError(f"--max-mib must be more than 0, got {args.max_mib}")
     for pin in args.have:
@@ -102,21 +104,24 @@ def _bundle(args) -> int:
     have = list(args.have)
     if args.have_file:
         have += bundle.read_have_file(args.have_file)
-    bundle.build(args.python, args.sm, have, args.out, args.cache or bundle.DEFAULT_CACHE, args.max_mib)
+    bundle.build(pins, args.python, args.sm, have, args.out, args.cache or bundle.DEFAULT_CACHE, args.max_mib)
     return 0
 
 
 def register(sub) -> None:
     """Add this family's subcommands to the k26-deploy parser."""
     from k26_ddtree.repro import setup
+    from k26_ddtree.repro.sglang_versions import DEFAULT, PINS, known
 
+    default = PINS[DEFAULT]
     p = sub.add_parser(
-        "setup", help="install the pinned stack on this machine (CUDA 13.0 + torch 2.11 + sglang 0.5.11)",
+        "setup", help=f"install the pinned stack on this machine (CUDA {setup.CUDA_RELEASE} + {default.stack()})",
         description=(
             "Install what k26-ddtree needs on this machine, checking each step first (idempotent). "
-            "GPU box: CUDA 13.0 toolkit from NVIDIA's apt repository when missing or another release, python "
-            "dev headers, aria2, a venv with torch 2.11.0 + sglang 0.5.11 + this toolkit. No GPU: sglang "
-            "0.5.11 sources without their CUDA stack over a CPU torch. Same plan as env/setup_env.sh."))
+            f"GPU box: CUDA {setup.CUDA_RELEASE} toolkit from NVIDIA's apt repository when missing or another "
+            "release, python dev headers, aria2, a venv with torch + sglang at the pins of --sglang VERSION "
+            f"(default {default.stack()}) + this toolkit. No GPU: those sglang sources without their CUDA stack "
+            "over a CPU torch. Same plan as env/setup_env.sh."))
     setup.add_arguments(p)
     p.set_defaults(func=_setup)
 
@@ -157,6 +162,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("bundle", help="build or install the offline site archive (sglang + kernels + deps)",
                        description=BUNDLE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sglang", default=None, metavar="VERSION",
+                   help=f"SGLang version whose package set the archive holds (known: {known()})")
     p.add_argument("--python", default="3.12", help="target MAJOR.MINOR (default 3.12)")
     p.add_argument("--sm", default="90", help="target compute capability without the dot: 90 (H100/H200) or 100 "
                    "(every other GPU, e.g. B300 sm_103 and RTX PRO 6000 sm_120: sglang-kernel loads its sm100 build)")

@@ -9,8 +9,9 @@ GPU box: CUDA 13.0 toolkit from NVIDIA's apt repository when missing or another
 release (installed side by side, selected with update-alternatives, never by
 symlinking headers between toolkits), the venv python's dev headers (Triton
 JIT-compiles a C launcher against Python.h), aria2 (model download), then a
-venv with torch 2.11.0 (CUDA 13.0 build) + sglang 0.5.11 + this package.
-No GPU: sglang 0.5.11 without its dependencies (its sources are what the patch
+venv with torch (CUDA 13.0 build) + sglang + this package, at the pins of the
+`--sglang` version (sglang_versions.py holds each version's pins and the default).
+No GPU: sglang without its dependencies (its sources are what the patch
 set edits; its CUDA stack cannot run here) + this package over a CPU torch, from
 PyTorch's CPU index when it answers, else torch 2.13.0 from pip's own sources.
 """
@@ -31,11 +32,8 @@ from pathlib import Path
 from k26_ddtree.cli.checks import path_arg
 from k26_ddtree.errors import UserError
 from k26_ddtree.repro import host
+from k26_ddtree.repro.sglang_versions import DEFAULT, PINS, SglangPins, known, pins_for
 
-TORCH = "2.11.0"
-TORCHVISION = "0.26.0"
-TORCHAUDIO = "2.11.0"
-SGLANG = "0.5.11"
 CUDA_RELEASE = "13.0"
 CUDA_APT_PACKAGE = "cuda-toolkit-13-0"
 DEFAULT_CUDA_HOME = "/usr/local/cuda-13.0"
@@ -45,7 +43,6 @@ CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 CPU_TORCH_FALLBACK = "2.13.0"
 INDEX_TIMEOUT_S = 10
 CUDA_KEYRING = "cuda-keyring_1.1-1_all.deb"
-SUPPORTED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))  # sglang 0.5.11 publishes cp310..cp313
 # Distributions NVIDIA publishes a CUDA apt repository for, as its URL spells them.
 CUDA_REPO_DISTROS = {("ubuntu", "24.04"): "ubuntu2404", ("ubuntu", "22.04"): "ubuntu2204",
                      ("debian", "12"): "debian12"}
@@ -124,6 +121,7 @@ class Facts:
     downloader: str | None = "curl"
     cpu_torch_index: str = CPU_TORCH_INDEX
     cpu_torch_index_answers: bool = True
+    pins: SglangPins = PINS[DEFAULT]  # the --sglang version's
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"where the CUDA {CUDA_RELEASE} toolkit is or will be (default: {DEFAULT_CUDA_HOME})")
     parser.add_argument("--cpu-torch-index", default=CPU_TORCH_INDEX,
                         help="index for a CPU-only torch when none is installed (default: %(default)s)")
+    parser.add_argument("--sglang", default=None, metavar="VERSION",
+                        help=f"SGLang version to install with its own pins (known: {known()})")
     parser.add_argument("--dry-run", action="store_true",
                         help="list every step and whether it would run; change nothing")
 
@@ -162,6 +162,7 @@ def wants_gpu(choice: str, gpus: tuple[str, ...]) -> bool:
 
 
 def probe(args: argparse.Namespace, source_root: Path) -> Facts:
+    pins = pins_for(args.sglang)
     venv = (args.venv or source_root / ".venv").absolute()
     if venv.exists() and not venv.is_dir():
         raise UserError(f"--venv {venv} exists and is not a directory")
@@ -204,6 +205,7 @@ def probe(args: argparse.Namespace, source_root: Path) -> Facts:
         downloader=downloader,
         cpu_torch_index=args.cpu_torch_index,
         cpu_torch_index_answers=index_answers,
+        pins=pins,
     )
 
 
@@ -315,12 +317,14 @@ def _venv_step(facts: Facts) -> Step:
 
 
 def _gpu_python_steps(facts: Facts) -> list[Step]:
-    have = facts.venv_dists
-    pins = {"torch": TORCH, "torchvision": TORCHVISION, "torchaudio": TORCHAUDIO, "sglang": SGLANG}
+    have, wanted = facts.venv_dists, facts.pins
+    pins = {"torch": wanted.torch, "torchvision": wanted.torchvision, "torchaudio": wanted.torchaudio,
+            "sglang": wanted.sglang}
     # A local-version suffix other than a CUDA one (e.g. "+cpu") is the wrong build for this box.
     wrong = [name for name, version in pins.items()
              if have.get(name, "").split("+")[0] != version or "+cpu" in have.get(name, "")]
-    title = f"Install torch {TORCH} (CUDA {CUDA_RELEASE} build) + sglang {SGLANG} with its dependencies"
+    title = (f"Install torch {wanted.torch} (CUDA {CUDA_RELEASE} build) + sglang {wanted.sglang} "
+             "with its dependencies")
     if not wrong:
         return [Step(title, satisfied=f"torch {have['torch']}, sglang {have['sglang']} installed")]
     return [Step(title, (_pip(facts, *(f"{name}=={version}" for name, version in pins.items())),))]
@@ -340,11 +344,12 @@ def _cpu_python_steps(facts: Facts) -> list[Step]:
                           note=f"{facts.cpu_torch_index} does not answer (offline, or blocked here): torch "
                                f"{CPU_TORCH_FALLBACK} from pip's own sources instead (a local CPU wheel where "
                                "pip's find-links has one, as on CI; else PyPI's larger CUDA build)"))
-    title = f"Install sglang {SGLANG} sources without dependencies (no CUDA stack on this machine)"
-    if have.get("sglang") == SGLANG:
-        steps.append(Step(title, satisfied=f"sglang {SGLANG} installed"))
+    sglang = facts.pins.sglang
+    title = f"Install sglang {sglang} sources without dependencies (no CUDA stack on this machine)"
+    if have.get("sglang") == sglang:
+        steps.append(Step(title, satisfied=f"sglang {sglang} installed"))
     else:
-        steps.append(Step(title, (_pip(facts, "--no-deps", f"sglang=={SGLANG}"),)))
+        steps.append(Step(title, (_pip(facts, "--no-deps", f"sglang=={sglang}"),)))
     return steps
 
 
@@ -368,10 +373,10 @@ def _check_step(facts: Facts, gpu: bool) -> Step:
 
 def plan(facts: Facts, gpu: bool) -> list[Step]:
     """The ordered steps for this machine; already-satisfied steps carry the reason."""
-    if facts.python_version not in SUPPORTED_PYTHONS:
-        supported = ", ".join("{}.{}".format(*v) for v in SUPPORTED_PYTHONS)
+    if facts.python_version not in facts.pins.pythons:
+        supported = ", ".join("{}.{}".format(*v) for v in facts.pins.pythons)
         raise UserError("python {}.{} is not supported by sglang {} (use one of {}; pass --python)".format(
-            *facts.python_version, SGLANG, supported))
+            *facts.python_version, facts.pins.sglang, supported))
     steps = _gpu_system_steps(facts) if gpu else _cpu_system_steps(facts)
     steps.append(_venv_step(facts))
     steps += _gpu_python_steps(facts) if gpu else _cpu_python_steps(facts)
@@ -385,14 +390,15 @@ def describe(facts: Facts, gpu: bool) -> str:
         first = facts.gpus[0].split(" (UUID")[0].split(": ", 1)[-1] if facts.gpus else ""
         gpus = f"{len(facts.gpus)}x {first}" if facts.gpus else "GPU forced with --gpu yes"
         driver = f", driver {facts.driver}" if facts.driver else ""
-        return f"GPU machine ({gpus}{driver}): CUDA {CUDA_RELEASE} + torch {TORCH} + sglang {SGLANG}"
-    return f"no GPU (nvidia-smi lists none): sglang {SGLANG} sources without its CUDA stack, CPU torch"
+        return f"GPU machine ({gpus}{driver}): CUDA {CUDA_RELEASE} + {facts.pins.stack()}"
+    return f"no GPU (nvidia-smi lists none): sglang {facts.pins.sglang} sources without its CUDA stack, CPU torch"
 
 
-CPU_CONFLICTS_NOTE = (f"setup: without GPUs sglang {SGLANG}'s dependencies (its CUDA stack) stay out on purpose, "
-                      "so pip's report of them as missing is expected and switched off (--no-warn-conflicts); "
-                      "its sources are here to be patched and checked, not imported (importing sglang needs "
-                      "that stack: sgl_kernel, torchvision, its pinned transformers)")
+def cpu_conflicts_note(pins: SglangPins) -> str:
+    return (f"setup: without GPUs sglang {pins.sglang}'s dependencies (its CUDA stack) stay out on purpose, "
+            "so pip's report of them as missing is expected and switched off (--no-warn-conflicts); "
+            "its sources are here to be patched and checked, not imported (importing sglang needs "
+            "that stack: sgl_kernel, torchvision, its pinned transformers)")
 
 
 def execute(steps: list[Step], dry_run: bool, say=print) -> None:
@@ -431,7 +437,7 @@ def run_setup(args: argparse.Namespace, source_root: Path | None) -> int:
     steps = plan(facts, gpu)
     print(f"setup: {describe(facts, gpu)}")
     if not gpu:
-        print(CPU_CONFLICTS_NOTE)
+        print(cpu_conflicts_note(facts.pins))
     print(f"setup: {'dry run, nothing will change' if args.dry_run else 'plan'}: {len(steps)} steps")
     execute(steps, args.dry_run)
     if args.dry_run:

@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 
-from k26_ddtree.repro import bundle
+import pytest
+
+from k26_ddtree.repro.sglang_versions import DEFAULT, PINS
 from repro_helpers import local_index
 
 
@@ -20,18 +22,31 @@ def _bundle(cwd, index_url: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_a_bare_bundle_says_what_it_will_write_and_download_before_it_starts(tmp_path):
+@pytest.mark.parametrize("version", [None, "0.5.17"])
+def test_a_bare_bundle_says_what_it_will_write_and_download_before_it_starts(tmp_path, version):
     here = tmp_path / "cwd"
     here.mkdir()
     cache = tmp_path / "cache"
+    chosen = ("--sglang", version) if version else ()
+    pins = PINS[version or DEFAULT]
     with local_index() as index:
-        result = _bundle(here, index, "--cache", str(cache))
+        result = _bundle(here, index, "--cache", str(cache), *chosen)
     lines = result.stdout.splitlines()
     assert lines and lines[0].startswith(f"bundle: will write {here}/k26-site-py3.12-sm90.tar.xz "
-                                         "(--out picks the folder)"), result.stdout
-    assert f"{len(bundle.REQUIREMENTS)} of their wheels are not in {cache} and are downloaded first" in lines[0]
+                                         f"(--out picks the folder) for sglang {pins.sglang} "
+                                         f"from {len(pins.bundle)} packages; "), result.stdout
+    assert f"{len(pins.bundle)} of their wheels are not in {cache} and are downloaded first" in lines[0]
     assert lines[1].startswith("bundle: downloading"), result.stdout
     assert result.returncode == 1, result.stdout + result.stderr
     err = result.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("k26-deploy: error: pip download failed for "), result.stderr
     assert list(here.iterdir()) == [], "a failed download wrote into the output folder"
+
+
+def test_an_unknown_version_is_refused_before_anything_is_downloaded(tmp_path):
+    with local_index() as index:
+        result = _bundle(tmp_path, index, "--sglang", "0.5.99", "--cache", str(tmp_path / "cache"))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "k26-deploy: error: --sglang 0.5.99: not a version k26-ddtree installs; known: 0.5.11 (default), 0.5.17"]
+    assert list(tmp_path.iterdir()) == []

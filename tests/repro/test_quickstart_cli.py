@@ -34,3 +34,24 @@ def test_a_failing_setup_stops_at_step_1_with_the_plan_shown(tmp_path):
     assert "no-such-python not found" in result.stderr
     assert "quickstart: error: step 1: setup failed" in result.stderr
 
+
+
+def test_an_unknown_sglang_version_is_refused_before_anything_runs(tmp_path):
+    venv = tmp_path / "venv"
+    for args in (["--sglang", "0.5.99"], ["--sglang=0.5.99"]):
+        result = _run("--venv", str(venv), *args)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.splitlines() == [
+            "quickstart: error: --sglang 0.5.99: not a version k26-ddtree installs; known: 0.5.11 (default), 0.5.17"]
+    for args in (["--sglang"], ["--sglang="], ["--sglang", ""]):
+        result = _run("--venv", str(venv), *args)
+        assert result.returncode == 2 and result.stderr == "quickstart: error: --sglang needs a version\n", args
+    assert not venv.exists()
+
+
+def test_the_chosen_version_goes_to_setup(tmp_path):
+    venv = tmp_path / "venv"
+    result = _run("--venv", str(venv), "--sglang", "0.5.17", PYTHON=str(tmp_path / "no-such-python"))
+    assert f"1. Set up the venv and the pinned stack        bash env/setup_env.sh --venv {venv} --sglang 0.5.17" \
+        in result.stdout
+    assert result.returncode == 1 and "quickstart: error: step 1: setup failed" in result.stderr

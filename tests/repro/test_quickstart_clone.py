@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from k26_ddtree.fetch.hub import DEFAULT_DRAFTER_REPO
-from k26_ddtree.repro.setup import CPU_CONFLICTS_NOTE
+from k26_ddtree.repro.setup import cpu_conflicts_note
+from k26_ddtree.repro.sglang_versions import DEFAULT, PINS
 from repro_helpers import REPO, cpu_path
 
 pytestmark = pytest.mark.network  # the pinned SGLang wheel is downloaded once per run when not cached
@@ -119,7 +120,7 @@ def test_readme_quick_start_then_the_suite_on_a_clean_clone():
         assert "Plan:" in out and "==> [1/5] Set up the venv" in out, log
         assert "pip install --no-deps sglang==0.5.11" in out, log
         assert f"pip install -e {checkout} --no-warn-conflicts" in out, log
-        assert CPU_CONFLICTS_NOTE in out.splitlines(), log
+        assert cpu_conflicts_note(PINS[DEFAULT]) in out.splitlines(), log
         assert "dependency resolver" not in out + first.stderr, log
         assert "==> [2/5] Patch the pinned SGLang and verify it" in out, log
         assert "no GPUs here: using profile pcie-ep8 for a dry render only" in out, log

@@ -14,6 +14,7 @@ import pytest
 
 from k26_ddtree.errors import UserError
 from k26_ddtree.repro import setup
+from k26_ddtree.repro.sglang_versions import PINS
 from repro_helpers import REPO, closed_port_url, cpu_path, local_index, run_cli
 
 
@@ -74,7 +75,7 @@ def test_cpu_dry_run_installs_sglang_without_deps_and_no_cuda(tmp_path):
     assert "pip install --no-deps sglang==0.5.11" in out
     assert f"pip install -e {REPO} --no-warn-conflicts" in out
     # pip's 60-line "dependency conflicts" ERROR about sglang's CUDA stack is off, and one line says why.
-    assert setup.CPU_CONFLICTS_NOTE in out.splitlines()
+    assert setup.cpu_conflicts_note(PINS["0.5.11"]) in out.splitlines()
     assert "cuda" not in out.lower().replace("no cuda stack", "").replace("without its cuda stack", "").replace(
         "(its cuda stack)", "")
     assert not venv.exists()
@@ -178,6 +179,59 @@ def test_unknown_distribution_without_toolkit_is_a_clear_error(tmp_path):
 def test_unsupported_python_is_refused(tmp_path):
     with pytest.raises(UserError, match="python 3.9 is not supported by sglang 0.5.11"):
         setup.plan(_facts(tmp_path, python_version=(3, 9)), gpu=True)
+    with pytest.raises(UserError, match=r"python 3.14 is not supported by sglang 0.5.17 \(use one of 3.10, 3.11, "
+                                        r"3.12, 3.13; pass --python\)"):
+        setup.plan(_facts(tmp_path, python_version=(3, 14), pins=PINS["0.5.17"]), gpu=True)
+
+
+def test_gpu_dry_run_installs_the_chosen_versions_pins(tmp_path, fake_gpu_path):
+    venv = tmp_path / "venv"
+    result = run_cli("setup", "--dry-run", "--sglang", "0.5.17", "--venv", str(venv),
+                     "--cuda-home", str(tmp_path / "no-cuda"), path=fake_gpu_path())
+    assert result.returncode == 0, result.stderr
+    assert "CUDA 13.0 + torch 2.11.0 + sglang 0.5.17" in result.stdout.splitlines()[0]
+    assert "Install torch 2.11.0 (CUDA 13.0 build) + sglang 0.5.17 with its dependencies: would run" in result.stdout
+    assert "pip install torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 sglang==0.5.17" in result.stdout
+    assert "0.5.11" not in result.stdout
+    assert not venv.exists()
+
+
+def test_cpu_dry_run_installs_the_chosen_versions_sources(tmp_path):
+    with local_index({"torch": "<a href='torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl'>torch</a>"}) as index:
+        result = run_cli("setup", "--dry-run", "--sglang", "0.5.17", "--venv", str(tmp_path / "venv"),
+                         "--cpu-torch-index", index, path=cpu_path())
+    assert result.returncode == 0, result.stderr
+    assert "no GPU (nvidia-smi lists none): sglang 0.5.17 sources without its CUDA stack" in result.stdout
+    assert "pip install --no-deps sglang==0.5.17" in result.stdout
+    assert setup.cpu_conflicts_note(PINS["0.5.17"]) in result.stdout.splitlines()
+
+
+def test_a_venv_with_the_other_version_gets_the_chosen_one(tmp_path):
+    """Switching versions in place: the installed 0.5.11 is not taken for 0.5.17, and back."""
+    installed = {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "sglang": "0.5.11"}
+    facts = _facts(tmp_path, venv_exists=True, python_headers=True, python_ensurepip=True, aria2=True,
+                   cuda_home_release="13.0", venv_k26_source=REPO.as_uri(), venv_dists=installed)
+    assert "sglang==0.5.17" in " ".join(_commands(setup.plan(replace(facts, pins=PINS["0.5.17"]), gpu=True)))
+    assert not any("sglang==" in c for c in _commands(setup.plan(facts, gpu=True)))
+    cpu = _commands(setup.plan(replace(facts, pins=PINS["0.5.17"]), gpu=False))
+    assert any(c.endswith("pip install --no-deps sglang==0.5.17") for c in cpu)
+
+
+@pytest.mark.parametrize("front_door", ["cli", "setup_env.sh"])
+def test_an_unknown_sglang_version_is_refused_with_one_line_naming_the_known_ones(tmp_path, front_door):
+    venv = tmp_path / "venv"
+    if front_door == "cli":
+        result = run_cli("setup", "--sglang", "0.5.99", "--venv", str(venv))
+        prefix = "k26-deploy"
+    else:
+        env = dict(os.environ, PATH=cpu_path(), PYTHON=sys.executable)
+        result = subprocess.run(["bash", str(REPO / "env" / "setup_env.sh"), "--sglang", "0.5.99", "--venv", str(venv)],
+                                env=env, text=True, capture_output=True, timeout=120)
+        prefix = "setup"
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"{prefix}: error: --sglang 0.5.99: not a version k26-ddtree installs; known: 0.5.11 (default), 0.5.17"]
+    assert result.stdout == "" and not venv.exists()
 
 
 def test_second_run_on_a_complete_gpu_box_changes_nothing(tmp_path):
