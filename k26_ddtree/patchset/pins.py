@@ -23,11 +23,13 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.hashing import sha256_bytes
 from k26_ddtree.patchset import validate
 from k26_ddtree.patchset.udiff import PatchError, apply_diff
+from k26_ddtree.repro import sglang_versions
 from k26_ddtree.resources import data_path
 
 # The SGLang version whose patch set the developer tool (regen) and the tests use when none is
-# named. `k26-deploy apply` never uses it: it takes the patch set of the installed version.
-DEFAULT_VERSION = "0.5.11"
+# named: the one the install paths install by default. `k26-deploy apply` never uses it: it takes
+# the patch set of the installed version.
+DEFAULT_VERSION = sglang_versions.DEFAULT
 PINS_FILE = "pins.json"
 SERIES_FILE = "series"
 REGEN = "python -m k26_ddtree.patchset.regen"
