@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from k26_ddtree.core import schedule as schedule_text
 from k26_ddtree.core.budget import tree_problem
-from k26_ddtree.sglang.trace import TraceError, check_appendable
+from k26_ddtree.sglang.common.trace import TraceError, check_appendable
 
 logger = logging.getLogger(__name__)
 
