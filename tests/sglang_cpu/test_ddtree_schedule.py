@@ -18,7 +18,8 @@ def schedule_args(models, *extra):
 
 
 def test_schedule_flag_resolves_every_bucket_and_sizes_for_the_largest(patched_sglang, models):
-    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule, step_slots_per_request
+    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule
+    from k26_ddtree.sglang.v0_5_11.args import step_slots_per_request
 
     args = schedule_args(models, "--speculative-ddtree-budget-schedule", SCHEDULE, "--speculative-ddtree-spine")
     schedule = DDTreeSchedule.from_server_args(args)
@@ -84,7 +85,7 @@ def test_schedule_needs_dflash(patched_sglang, models):
 
 
 def test_memory_estimate_takes_the_largest_tree(patched_sglang, models):
-    from k26_ddtree.sglang.common.args import verify_reserved_mem_mb
+    from k26_ddtree.sglang.v0_5_11.args import verify_reserved_mem_mb
 
     one = schedule_args(models, "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk", "8")
     scheduled = schedule_args(models, "--speculative-ddtree-budget-schedule", "1:32/8,4:8/4,16:0")
@@ -92,7 +93,7 @@ def test_memory_estimate_takes_the_largest_tree(patched_sglang, models):
 
 
 def test_memory_estimate_counts_a_chain_bucket_s_block(patched_sglang, models):
-    from k26_ddtree.sglang.common.args import verify_reserved_mem_mb
+    from k26_ddtree.sglang.v0_5_11.args import verify_reserved_mem_mb
 
     # The chain bucket verifies the block's 16 tokens per request, more than the tree's 3.
     scheduled = schedule_args(models, "--speculative-ddtree-budget-schedule", "1:2/1,4:0",

@@ -10,7 +10,8 @@ import pytest
 from server_args_support import cli, parse
 
 def test_flags_turn_ddtree_on_and_split_target_from_draft(patched_sglang, models):
-    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule, apply_to_draft_args, draft_block_size
+    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule, draft_block_size
+    from k26_ddtree.sglang.v0_5_11.args import apply_to_draft_args
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk", "8"))
@@ -55,7 +56,7 @@ def test_explicit_block_size_and_matching_num_draft_tokens(patched_sglang, model
 
 @pytest.mark.parametrize("budget, topk", [(1, 1), (2, 1), (3, 4), (4, 4)])
 def test_budgets_below_the_block_are_accepted(patched_sglang, models, budget, topk):
-    from k26_ddtree.sglang.common.args import req_to_token_extra, step_slots_per_request
+    from k26_ddtree.sglang.v0_5_11.args import req_to_token_extra, step_slots_per_request
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk", str(topk)))
@@ -66,7 +67,7 @@ def test_budgets_below_the_block_are_accepted(patched_sglang, models, budget, to
 
 
 def test_budget_without_a_block_size_flag_on_a_small_block(patched_sglang, models):
-    from k26_ddtree.sglang.common.args import req_to_token_extra
+    from k26_ddtree.sglang.v0_5_11.args import req_to_token_extra
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-dflash-block-size", "16", "--speculative-ddtree-budget", "2"))
@@ -76,7 +77,7 @@ def test_budget_without_a_block_size_flag_on_a_small_block(patched_sglang, model
 
 @pytest.mark.parametrize("budget, extra", [(7, 4 + 8), (16, 4 + 17), (64, 4 + 65)])
 def test_req_to_token_extra_covers_the_larger_of_tree_and_block(patched_sglang, models, budget, extra):
-    from k26_ddtree.sglang.common.args import apply_to_draft_args, req_to_token_extra
+    from k26_ddtree.sglang.v0_5_11.args import apply_to_draft_args, req_to_token_extra
 
     args = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", str(budget)))
@@ -88,7 +89,7 @@ def test_req_to_token_extra_covers_the_larger_of_tree_and_block(patched_sglang, 
 
 
 def test_req_to_token_extra_is_sglangs_own_without_ddtree(patched_sglang, models):
-    from k26_ddtree.sglang.common.args import req_to_token_extra, step_slots_per_request
+    from k26_ddtree.sglang.v0_5_11.args import req_to_token_extra, step_slots_per_request
 
     linear = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
     assert (req_to_token_extra(linear), step_slots_per_request(linear)) == (4 + 8, 8)
@@ -153,7 +154,8 @@ def test_budget_needs_dflash(patched_sglang, models):
 def test_hybrid_models_and_oversized_topk_are_rejected():
     from types import SimpleNamespace
 
-    from k26_ddtree.sglang.common.args import DDTreeArgsError, check_target_runner
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
+    from k26_ddtree.sglang.v0_5_11.args import check_target_runner
 
     check_target_runner(SimpleNamespace(mambaish_config=None), vocab_size=1000, topk=8)
     with pytest.raises(DDTreeArgsError, match="hybrid Mamba"):
@@ -163,7 +165,7 @@ def test_hybrid_models_and_oversized_topk_are_rejected():
 
 
 def test_memory_estimate_grows_with_the_budget(patched_sglang, models):
-    from k26_ddtree.sglang.common.args import verify_reserved_mem_mb
+    from k26_ddtree.sglang.v0_5_11.args import verify_reserved_mem_mb
 
     small = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
                       "--speculative-ddtree-budget", "8"))

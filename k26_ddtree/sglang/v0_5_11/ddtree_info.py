@@ -1,4 +1,4 @@
-"""The DDTree verify step inside SGLang: prepare the tree forward, then accept, record, commit.
+"""The DDTree verify step inside SGLang 0.5.11: prepare the tree forward, then accept, record, commit.
 
 DDTreeVerifyInput is a DFlashVerifyInput (so every `isinstance` check, the
 SpecInputType and the attention backends treat it as DFlash's verify input)
