@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench_tree import rows_table, time_host, write_json  # noqa: E402
-from k26_ddtree.sglang import trace  # noqa: E402
+from k26_ddtree.sglang.common import trace  # noqa: E402
 
 DEPTH = 7
 BATCHES = (1, 16, 64)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "tune"))
 
 from tune_fixtures import bench_run, header, sweep_runs, write_results  # noqa: E402
 
-from k26_ddtree.sglang import trace  # noqa: E402
+from k26_ddtree.sglang.common import trace  # noqa: E402
 
 DEPTH = 7
 STEPS_PER_REQUEST = 200

@@ -2,7 +2,8 @@
 
 Three layers, one direction of dependency:
   core     tree.py, retrieve.py, verify.py       pure torch, no SGLang
-  wiring   k26_ddtree.sglang                     imported by the patched SGLang files
+  wiring   k26_ddtree.sglang                     imported by the patched SGLang files: common/, and one
+                                                 folder per SGLang version (v0_5_11/, v0_5_17/)
   tools    k26_ddtree.cli and the subcommand packages; never import torch at start-up
 """
 

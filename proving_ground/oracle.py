@@ -1,7 +1,7 @@
 """Test-only oracle drafter: rewrites the draft top-K so acceptance is high and every commit path runs.
 
 Installed by the DDTree worker as its top-K hook when K26_DDTREE_TOPK_HOOK names HOOK
-(k26_ddtree.sglang.draft loads it by that dotted path) and K26_DDTREE_ORACLE names a JSON file:
+(k26_ddtree.sglang.common.draft loads it by that dotted path) and K26_DDTREE_ORACLE names a JSON file:
 
     {"prompts": [{"input_ids": [...], "ar_output_ids": [...]}, ...], "seed": int}
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 ENV_VAR = "K26_DDTREE_ORACLE"
-# The value of k26_ddtree.sglang.draft.TOPK_HOOK_ENV that installs this oracle.
+# The value of k26_ddtree.sglang.common.draft.TOPK_HOOK_ENV that installs this oracle.
 HOOK = "proving_ground.oracle:topk_hook"
 
 # Chance of each placement of the AR token at one draft position.

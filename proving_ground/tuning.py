@@ -46,7 +46,7 @@ from proving_ground import speed
 from proving_ground.speed import ratio_interval
 from proving_ground.matrix import parse_server, variant
 from k26_ddtree.jsonread import Unreadable, read_json
-from k26_ddtree.sglang.trace import FLUSH_SECONDS
+from k26_ddtree.sglang.common.trace import FLUSH_SECONDS
 from k26_ddtree.tune.costs import bracket, interpolate
 
 TUNE_CONCURRENCY = (1, 4, 16, 64)

@@ -34,7 +34,7 @@ from k26_ddtree.errors import UserError
 from k26_ddtree.resources import data_path
 
 ALGORITHMS = ("DDTREE", "DFLASH")
-# The one backend whose verify applies DDTree's tree mask (k26_ddtree.sglang.args, which imports torch).
+# The one backend whose verify applies DDTree's tree mask (k26_ddtree.sglang.common.args, which imports torch).
 DDTREE_ATTENTION_BACKEND = "triton"
 # One RFC 1123 host name label.
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")

@@ -65,7 +65,7 @@ class Speculative:
     trace: AbsPath | None = key(None, "DDTREE only: append the drafter's top-8 and the committed tokens per "
                                       "decode step to this file, for `k26-deploy tune` "
                                       "(--speculative-ddtree-trace); null: off")
-    # The server's own default (k26_ddtree.sglang.args, which imports torch: too slow for rendering a unit).
+    # The server's own default (k26_ddtree.sglang.common.args, which imports torch: too slow for rendering a unit).
     trace_max_mb: int = key(1024, "DDTREE only: tracing stops before the file passes this many MB, >= 1 "
                                   "(--speculative-ddtree-trace-max-mb)")
 

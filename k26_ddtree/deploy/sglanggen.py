@@ -5,7 +5,7 @@
 extra_args is checked against this table as SGLang's own argparse parser
 would read it (aliases, `--flag=value`, unambiguous prefixes), and profile keys
 against SGLang's choices, on machines without SGLang. Read from the sources by
-AST, importing nothing; our DDTree flags come from k26_ddtree/sglang/args.py.
+AST, importing nothing; our DDTree flags come from k26_ddtree/sglang/v0_5_11/args.py.
 The suite fails while the committed table differs from the pinned wheel's.
 """
 
@@ -22,7 +22,7 @@ from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 
 SERVER_ARGS = "srt/server_args.py"
-DDTREE_ARGS = Path(__file__).resolve().parents[1] / "sglang" / "args.py"
+DDTREE_ARGS = Path(__file__).resolve().parents[1] / "sglang" / "v0_5_11" / "args.py"
 # The flags whose values profile keys give, and the literal (list or dict keys) holding their choices.
 CHOICES_FROM = {
     "--attention-backend": (SERVER_ARGS, "ATTENTION_BACKEND_CHOICES"),

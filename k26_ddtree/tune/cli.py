@@ -18,7 +18,7 @@ from k26_ddtree.errors import UserError
 
 if TYPE_CHECKING:
     from k26_ddtree.core.acceptance import TreeShape
-    from k26_ddtree.sglang.trace import Records
+    from k26_ddtree.sglang.common.trace import Records
     from k26_ddtree.tune.costs import Costs
     from k26_ddtree.tune.estimate import Acceptance, Replay
     from k26_ddtree.tune.report import Outcome
@@ -48,7 +48,7 @@ def _check_trace_matches(header: dict, trace: Path, model: str | None, costs: Co
 
 
 def _open_trace(path: Path) -> Records:
-    from k26_ddtree.sglang import trace
+    from k26_ddtree.sglang.common import trace
 
     try:
         return trace.open_records(path)
@@ -57,7 +57,7 @@ def _open_trace(path: Path) -> Records:
 
 
 def _replay(records: Records) -> Replay:
-    from k26_ddtree.sglang.trace import TraceError
+    from k26_ddtree.sglang.common.trace import TraceError
     from k26_ddtree.tune.estimate import check_first_hits, replay
 
     try:
@@ -70,7 +70,7 @@ def _replay(records: Records) -> Replay:
 
 def _estimate(records: Records, rep: Replay, shapes: list[TreeShape], quiet: bool) -> Acceptance:
     from k26_ddtree.progress import Reporter, TotalMeter
-    from k26_ddtree.sglang.trace import TraceError
+    from k26_ddtree.sglang.common.trace import TraceError
     from k26_ddtree.tune.estimate import acceptance
 
     reporter = Reporter(sys.stderr, quiet=quiet)

@@ -30,7 +30,7 @@ import torch
 from k26_ddtree.core.acceptance import DraftTopK, TreeShape, committed_every_budget
 from k26_ddtree.core.budget import codes_fit, max_budget
 from k26_ddtree.errors import UserError
-from k26_ddtree.sglang.trace import TOPK, Records, steps_of
+from k26_ddtree.sglang.common.trace import TOPK, Records, steps_of
 
 BUDGETS = range(1, 65)
 TOPKS = range(1, TOPK + 1)

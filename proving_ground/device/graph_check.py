@@ -37,9 +37,9 @@ from core_cases import draft_inputs, walk_target  # noqa: E402
 from k26_ddtree.core.retrieve import tree_attention_mask  # noqa: E402
 from k26_ddtree.core.tree import build_ddtree  # noqa: E402
 
-from k26_ddtree.sglang.args import DDTreeConfig  # noqa: E402
-from k26_ddtree.sglang.draft import DraftHead  # noqa: E402
-from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, greedy_acceptance, hidden_step, tree_step  # noqa: E402
+from k26_ddtree.sglang.common.args import DDTreeConfig  # noqa: E402
+from k26_ddtree.sglang.common.draft import DraftHead  # noqa: E402
+from k26_ddtree.sglang.common.step_graphs import StepGraphs, StepTree, greedy_acceptance, hidden_step, tree_step  # noqa: E402
 
 BUCKETS = (1, 2, 4, 8, 16)
 MAX_BS = BUCKETS[-1]
@@ -152,7 +152,7 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
 
 def check_verify_kernels() -> list[str]:
     """The fused custom-mask and commit kernels against their torch ops, on the GPU."""
-    from k26_ddtree.sglang.verify_utils import commit_path, verify_custom_mask
+    from k26_ddtree.sglang.common.verify_utils import commit_path, verify_custom_mask
 
     gen = torch.Generator().manual_seed(11)
     failures = []

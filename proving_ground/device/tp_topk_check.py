@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from k26_ddtree.sglang.draft import DraftHead  # noqa: E402
+from k26_ddtree.sglang.common.draft import DraftHead  # noqa: E402
 
 CASES = ((1, 4), (7, 8), (16 * 7, 4), (64 * 7, 8), (300, 16))  # (rows, topk): batch x draft depth
 

@@ -12,7 +12,7 @@ import time
 from k26_ddtree import atomic
 from k26_ddtree.errors import UserError
 from k26_ddtree.processes import descendants
-from k26_ddtree.sglang.args import TOPK_HOOK_ENV, TRACE_ENV
+from k26_ddtree.sglang.common.args import TOPK_HOOK_ENV, TRACE_ENV
 from proving_ground import lossless, matrix, speed, tuning
 from proving_ground.exact import exact_model
 from proving_ground.e2e.extras import named_schedules, profile_server, run_bench_harness

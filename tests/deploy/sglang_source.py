@@ -23,7 +23,7 @@ from k26_ddtree.patchset.wheel import wheel_for
 REPO = Path(__file__).resolve().parents[2]
 SERVER_ARGS = "sglang/srt/server_args.py"
 # The patched server_args.py registers the DDTree flags by calling add_cli_args() here.
-DDTREE_ARGS_MODULE = REPO / "k26_ddtree" / "sglang" / "args.py"
+DDTREE_ARGS_MODULE = REPO / "k26_ddtree" / "sglang" / "v0_5_11" / "args.py"
 # What our patch adds, for as long as the patch set does not patch server_args.py.
 DDTREE_FLAGS = {
     "--speculative-ddtree-budget": "value",

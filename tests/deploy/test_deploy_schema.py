@@ -70,9 +70,9 @@ def test_a_unit_rendered_before_a_key_existed_still_reads():
 
 
 def test_the_server_side_constants_the_deploy_side_repeats_agree():
-    """The deploy side does not import k26_ddtree.sglang.args (it imports torch): its copies must match."""
+    """The deploy side does not import k26_ddtree.sglang.common.args (it imports torch): its copies must match."""
     from k26_ddtree.deploy.profiles import DDTREE_ATTENTION_BACKEND
-    from k26_ddtree.sglang import args
+    from k26_ddtree.sglang.common import args
 
     assert default(Speculative, "trace_max_mb") == args.DEFAULT_TRACE_MAX_MB
     assert DDTREE_ATTENTION_BACKEND == args.SUPPORTED_ATTENTION_BACKEND

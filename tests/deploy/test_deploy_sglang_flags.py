@@ -1,7 +1,7 @@
 """Every flag a profile emits exists in the pinned SGLang 0.5.11 parser (plus our patch's DDTree flags).
 
 Read from the real server_args.py of the pinned wheel (or that file with the
-patch set's diff applied, with the flags k26_ddtree/sglang/args.py registers),
+patch set's diff applied, with the flags k26_ddtree/sglang/v0_5_11/args.py registers),
 by AST: no sglang import, no GPU.
 """
 

@@ -12,8 +12,8 @@ import torch
 
 from k26_ddtree.core.tree import build_ddtree
 from k26_ddtree.core.verify import committed_tokens, verify_greedy
-from k26_ddtree.sglang.args import TOPK_HOOK_ENV
-from k26_ddtree.sglang.draft import topk_hook_from_env
+from k26_ddtree.sglang.common.args import TOPK_HOOK_ENV
+from k26_ddtree.sglang.common.draft import topk_hook_from_env
 from proving_ground.oracle import ENV_VAR, HOOK, PLACE_ABSENT, Oracle, OracleError, place_token
 
 PROMPT = [5, 6, 7]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from k26_ddtree.sglang.draft import DraftHead
+from k26_ddtree.sglang.common.draft import DraftHead
 
 
 class FakeTpGroup:
@@ -102,9 +102,9 @@ def test_single_rank_without_group_matches_log_softmax(patched_sglang):
 @pytest.mark.parametrize("in_graph", [True, False])
 def test_the_drafter_builds_the_tree_from_the_block_hidden_states(patched_sglang, in_graph):
     """DDTreeDrafter.draft, with the top-K inside the draft piece (one rank) or before it (TP)."""
-    from k26_ddtree.sglang.args import DDTreeConfig
-    from k26_ddtree.sglang.draft import DDTreeDrafter
-    from k26_ddtree.sglang.step_graphs import StepGraphs
+    from k26_ddtree.sglang.common.args import DDTreeConfig
+    from k26_ddtree.sglang.common.draft import DDTreeDrafter
+    from k26_ddtree.sglang.common.step_graphs import StepGraphs
 
     gen = torch.Generator().manual_seed(3)
     full_weight = torch.randn(200, 16, generator=gen)
@@ -128,9 +128,9 @@ def test_the_drafter_builds_the_tree_from_the_block_hidden_states(patched_sglang
 
 def test_a_top_k_hook_rewrites_before_the_tree(patched_sglang):
     """The test-only hook sees the requests and the merged top-K, and the tree is built from what it returns."""
-    from k26_ddtree.sglang.args import DDTreeConfig
-    from k26_ddtree.sglang.draft import DDTreeDrafter
-    from k26_ddtree.sglang.step_graphs import StepGraphs
+    from k26_ddtree.sglang.common.args import DDTreeConfig
+    from k26_ddtree.sglang.common.draft import DDTreeDrafter
+    from k26_ddtree.sglang.common.step_graphs import StepGraphs
 
     gen = torch.Generator().manual_seed(4)
     (lm_head,) = sharded_heads(patched_sglang, torch.randn(50, 8, generator=gen), 50, 1)

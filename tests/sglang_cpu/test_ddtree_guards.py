@@ -69,7 +69,7 @@ def test_graph_runner_runs_matching_verify_batches(patched_sglang):
     [(False, 17, 8, 8), (True, 8, 17, 17), (False, 17, 17, 8)],
 )
 def test_graph_runner_refuses_a_verify_width_mismatch(patched_sglang, is_draft, graph_tokens, batch_tokens, spec_tokens):
-    from k26_ddtree.sglang.guards import VerifyShapeError
+    from k26_ddtree.sglang.v0_5_11.guards import VerifyShapeError
 
     runner = graph_runner(graph_tokens, is_draft=is_draft)
     role = "draft" if is_draft else "target"
@@ -96,14 +96,14 @@ def replay(backend, spec_info):
 
 
 def test_triton_replay_refuses_a_mismatched_verify_input(patched_sglang):
-    from k26_ddtree.sglang.guards import VerifyShapeError
+    from k26_ddtree.sglang.v0_5_11.guards import VerifyShapeError
 
     with pytest.raises(VerifyShapeError, match="graph replay.*sized for 9 .* has 8"):
         replay(triton_backend(9, True), dflash_verify(8, custom_mask=torch.ones(4, dtype=torch.bool)))
 
 
 def test_triton_replay_refuses_a_missing_or_ignored_mask(patched_sglang):
-    from k26_ddtree.sglang.guards import VerifyShapeError
+    from k26_ddtree.sglang.v0_5_11.guards import VerifyShapeError
 
     with pytest.raises(VerifyShapeError, match="previous step's mask"):
         replay(triton_backend(9, True), dflash_verify(9))
@@ -112,7 +112,7 @@ def test_triton_replay_refuses_a_missing_or_ignored_mask(patched_sglang):
 
 
 def test_triton_eager_verify_refuses_a_mismatch(patched_sglang):
-    from k26_ddtree.sglang.guards import VerifyShapeError
+    from k26_ddtree.sglang.v0_5_11.guards import VerifyShapeError
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     backend = triton_backend(9, None)
@@ -155,7 +155,7 @@ def test_triton_eager_verify_builds_its_metadata_for_the_inputs_own_count(patche
 
 
 def test_guards_ignore_other_algorithms():
-    from k26_ddtree.sglang.guards import check_backend_verify_width, check_replay_mask
+    from k26_ddtree.sglang.v0_5_11.guards import check_backend_verify_width, check_replay_mask
 
     eagle_like = SimpleNamespace(spec_input_type=SimpleNamespace(name="EAGLE_VERIFY"), draft_token_num=5)
     check_backend_verify_width("graph replay", 9, eagle_like)

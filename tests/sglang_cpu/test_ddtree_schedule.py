@@ -18,7 +18,8 @@ def schedule_args(models, *extra):
 
 
 def test_schedule_flag_resolves_every_bucket_and_sizes_for_the_largest(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule, step_slots_per_request
+    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule
+    from k26_ddtree.sglang.v0_5_11.args import step_slots_per_request
 
     args = schedule_args(models, "--speculative-ddtree-budget-schedule", SCHEDULE, "--speculative-ddtree-spine")
     schedule = DDTreeSchedule.from_server_args(args)
@@ -69,7 +70,7 @@ def test_ddtree_spelling_takes_a_schedule_and_resolution_is_idempotent(patched_s
     ],
 )
 def test_bad_schedules_fail_the_parse_in_one_line(patched_sglang, models, extra, message):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match=message) as err:
         schedule_args(models, *extra)
@@ -77,14 +78,14 @@ def test_bad_schedules_fail_the_parse_in_one_line(patched_sglang, models, extra,
 
 
 def test_schedule_needs_dflash(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match="needs --speculative-algorithm DFLASH"):
         parse(cli(models, "--speculative-algorithm", "EAGLE", "--speculative-ddtree-budget-schedule", "1:8/4"))
 
 
 def test_memory_estimate_takes_the_largest_tree(patched_sglang, models):
-    from k26_ddtree.sglang.args import verify_reserved_mem_mb
+    from k26_ddtree.sglang.v0_5_11.args import verify_reserved_mem_mb
 
     one = schedule_args(models, "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk", "8")
     scheduled = schedule_args(models, "--speculative-ddtree-budget-schedule", "1:32/8,4:8/4,16:0")
@@ -92,7 +93,7 @@ def test_memory_estimate_takes_the_largest_tree(patched_sglang, models):
 
 
 def test_memory_estimate_counts_a_chain_bucket_s_block(patched_sglang, models):
-    from k26_ddtree.sglang.args import verify_reserved_mem_mb
+    from k26_ddtree.sglang.v0_5_11.args import verify_reserved_mem_mb
 
     # The chain bucket verifies the block's 16 tokens per request, more than the tree's 3.
     scheduled = schedule_args(models, "--speculative-ddtree-budget-schedule", "1:2/1,4:0",
@@ -104,7 +105,7 @@ def test_memory_estimate_counts_a_chain_bucket_s_block(patched_sglang, models):
 
 
 def schedule_of(text, block=8):
-    from k26_ddtree.sglang.args import DDTreeSchedule
+    from k26_ddtree.sglang.common.args import DDTreeSchedule
 
     return DDTreeSchedule.from_server_args(SimpleNamespace(
         speculative_algorithm="DFLASH", speculative_ddtree_budget=None, speculative_ddtree_topk=None,
@@ -127,7 +128,7 @@ def test_every_bucket_captures_its_last_batch_size(text, sizes, per_bucket):
 
 
 def test_runners_split_by_token_count_not_by_bucket():
-    from k26_ddtree.sglang.schedule_graphs import runner_batch_sizes
+    from k26_ddtree.sglang.v0_5_11.schedule_graphs import runner_batch_sizes
 
     # Buckets 1 and 3 both verify 9 tokens: one runner holds both ranges.
     schedule = schedule_of("1:8/4,4:16/4,16:8/4")
@@ -155,7 +156,7 @@ class FakeRunner:
 
 
 def test_target_gets_one_runner_per_token_count_each_with_its_own_backend(patched_sglang, models, monkeypatch):
-    from k26_ddtree.sglang import schedule_graphs
+    from k26_ddtree.sglang.v0_5_11 import schedule_graphs
     from sglang.srt.layers.attention import triton_backend
     from sglang.srt.model_executor import cuda_graph_runner
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput

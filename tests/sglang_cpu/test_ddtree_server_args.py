@@ -10,7 +10,8 @@ import pytest
 from server_args_support import cli, parse
 
 def test_flags_turn_ddtree_on_and_split_target_from_draft(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule, apply_to_draft_args, draft_block_size
+    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule, draft_block_size
+    from k26_ddtree.sglang.v0_5_11.args import apply_to_draft_args
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk", "8"))
@@ -37,7 +38,7 @@ def test_ddtree_spelling_means_dflash_with_defaults(patched_sglang, models):
 
 
 def test_linear_dflash_is_untouched(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeSchedule, draft_block_size
+    from k26_ddtree.sglang.common.args import DDTreeSchedule, draft_block_size
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
     assert args.speculative_num_draft_tokens == 8
@@ -55,7 +56,7 @@ def test_explicit_block_size_and_matching_num_draft_tokens(patched_sglang, model
 
 @pytest.mark.parametrize("budget, topk", [(1, 1), (2, 1), (3, 4), (4, 4)])
 def test_budgets_below_the_block_are_accepted(patched_sglang, models, budget, topk):
-    from k26_ddtree.sglang.args import req_to_token_extra, step_slots_per_request
+    from k26_ddtree.sglang.v0_5_11.args import req_to_token_extra, step_slots_per_request
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk", str(topk)))
@@ -66,7 +67,7 @@ def test_budgets_below_the_block_are_accepted(patched_sglang, models, budget, to
 
 
 def test_budget_without_a_block_size_flag_on_a_small_block(patched_sglang, models):
-    from k26_ddtree.sglang.args import req_to_token_extra
+    from k26_ddtree.sglang.v0_5_11.args import req_to_token_extra
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-dflash-block-size", "16", "--speculative-ddtree-budget", "2"))
@@ -76,7 +77,7 @@ def test_budget_without_a_block_size_flag_on_a_small_block(patched_sglang, model
 
 @pytest.mark.parametrize("budget, extra", [(7, 4 + 8), (16, 4 + 17), (64, 4 + 65)])
 def test_req_to_token_extra_covers_the_larger_of_tree_and_block(patched_sglang, models, budget, extra):
-    from k26_ddtree.sglang.args import apply_to_draft_args, req_to_token_extra
+    from k26_ddtree.sglang.v0_5_11.args import apply_to_draft_args, req_to_token_extra
 
     args = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", str(budget)))
@@ -88,7 +89,7 @@ def test_req_to_token_extra_covers_the_larger_of_tree_and_block(patched_sglang, 
 
 
 def test_req_to_token_extra_is_sglangs_own_without_ddtree(patched_sglang, models):
-    from k26_ddtree.sglang.args import req_to_token_extra, step_slots_per_request
+    from k26_ddtree.sglang.v0_5_11.args import req_to_token_extra, step_slots_per_request
 
     linear = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
     assert (req_to_token_extra(linear), step_slots_per_request(linear)) == (4 + 8, 8)
@@ -121,7 +122,7 @@ def test_resolution_is_idempotent(patched_sglang, models):
     ],
 )
 def test_bad_flags_are_rejected_with_a_clear_message(patched_sglang, models, extra, message):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match=message):
         parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton", *extra))
@@ -129,14 +130,14 @@ def test_bad_flags_are_rejected_with_a_clear_message(patched_sglang, models, ext
 
 @pytest.mark.parametrize("backend", ["flashinfer", "fa3", "torch_native"])
 def test_attention_backend_other_than_triton_is_rejected(patched_sglang, models, backend):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match="--attention-backend triton"):
         parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", backend))
 
 
 def test_mixed_prefill_decode_backends_are_rejected(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match="--attention-backend triton"):
         parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
@@ -144,7 +145,7 @@ def test_mixed_prefill_decode_backends_are_rejected(patched_sglang, models):
 
 
 def test_budget_needs_dflash(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match="needs --speculative-algorithm DFLASH"):
         parse(cli(models, "--speculative-algorithm", "EAGLE", "--speculative-ddtree-budget", "8"))
@@ -153,7 +154,8 @@ def test_budget_needs_dflash(patched_sglang, models):
 def test_hybrid_models_and_oversized_topk_are_rejected():
     from types import SimpleNamespace
 
-    from k26_ddtree.sglang.args import DDTreeArgsError, check_target_runner
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
+    from k26_ddtree.sglang.v0_5_11.args import check_target_runner
 
     check_target_runner(SimpleNamespace(mambaish_config=None), vocab_size=1000, topk=8)
     with pytest.raises(DDTreeArgsError, match="hybrid Mamba"):
@@ -163,7 +165,7 @@ def test_hybrid_models_and_oversized_topk_are_rejected():
 
 
 def test_memory_estimate_grows_with_the_budget(patched_sglang, models):
-    from k26_ddtree.sglang.args import verify_reserved_mem_mb
+    from k26_ddtree.sglang.v0_5_11.args import verify_reserved_mem_mb
 
     small = parse(cli(models, "--speculative-algorithm", "DDTREE", "--attention-backend", "triton",
                       "--speculative-ddtree-budget", "8"))
@@ -199,7 +201,7 @@ def test_trace_environment_variable_is_the_fallback(patched_sglang, models, tmp_
 
 
 def test_trace_appends_to_an_empty_file_or_a_whole_trace_of_the_same_depth(patched_sglang, models, tmp_path):
-    from k26_ddtree.sglang import trace
+    from k26_ddtree.sglang.common import trace
 
     empty = tmp_path / "empty.trace"
     empty.touch()
@@ -210,7 +212,7 @@ def test_trace_appends_to_an_empty_file_or_a_whole_trace_of_the_same_depth(patch
 
 
 def bad_trace_paths(tmp_path):
-    from k26_ddtree.sglang import trace
+    from k26_ddtree.sglang.common import trace
 
     other_depth = tmp_path / "depth3.trace"
     other_depth.write_bytes(trace.header_bytes({"depth": 3}))
@@ -229,7 +231,7 @@ def bad_trace_paths(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing-folder", "folder", "not-a-trace", "other-depth", "truncated"])
 def test_bad_trace_paths_fail_the_parse_in_one_line(patched_sglang, models, tmp_path, case):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     path, message = bad_trace_paths(tmp_path)[case]
     with pytest.raises(DDTreeArgsError, match="--speculative-ddtree-trace: .*" + message) as err:
@@ -238,7 +240,7 @@ def test_bad_trace_paths_fail_the_parse_in_one_line(patched_sglang, models, tmp_
 
 
 def test_bad_trace_path_from_the_environment_names_the_variable(patched_sglang, models, tmp_path, monkeypatch):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     monkeypatch.setenv("K26_DDTREE_TRACE", str(tmp_path / "no" / "t.trace"))
     with pytest.raises(DDTreeArgsError, match="^K26_DDTREE_TRACE: the folder of"):
@@ -254,7 +256,7 @@ def test_bad_trace_path_from_the_environment_names_the_variable(patched_sglang, 
 )
 def test_bad_trace_flags_are_rejected_with_a_clear_message(patched_sglang, models, tmp_path, monkeypatch, extra,
                                                            message):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DDTreeArgsError, match=message) as err:

@@ -16,9 +16,9 @@ from k26_ddtree.core.budget import max_budget
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
 from k26_ddtree.core.tree import build_ddtree
 from k26_ddtree.core.verify import committed_tokens, verify_greedy
-from k26_ddtree.sglang.args import DDTreeConfig
-from k26_ddtree.sglang.draft import DraftHead
-from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree, _BucketGraphs
+from k26_ddtree.sglang.common.args import DDTreeConfig
+from k26_ddtree.sglang.common.draft import DraftHead
+from k26_ddtree.sglang.common.step_graphs import StepGraphs, StepTree, _BucketGraphs
 
 GRAPH_CHECK = Path(__file__).resolve().parents[2] / "proving_ground" / "device" / "graph_check.py"
 DEPTH = 7

@@ -1,4 +1,4 @@
-"""The server trace's writer (k26_ddtree/sglang/trace.py): header once, whole records only, the cap,
+"""The server trace's writer (k26_ddtree/sglang/common/trace.py): header once, whole records only, the cap,
 the flush, a failed write, one process per file. The worker step that feeds it is tested in
 test_ddtree_worker_step.py, the flags in test_ddtree_server_args.py."""
 
@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from k26_ddtree.sglang import trace
+from k26_ddtree.sglang.common import trace
 
 DEPTH = 3
 META = {"depth": DEPTH, "topk": trace.TOPK, "model": "m", "drafter": "d", "started": "now"}

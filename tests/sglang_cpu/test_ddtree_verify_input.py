@@ -15,7 +15,7 @@ import torch
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask
 from k26_ddtree.core.tree import DDTree
 from k26_ddtree.core.verify import verify_greedy
-from k26_ddtree.sglang.step_graphs import StepTree
+from k26_ddtree.sglang.common.step_graphs import StepTree
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,7 +44,7 @@ def hand_tree(parents=PARENTS, tokens=TOKENS, max_depth=3) -> DDTree:
 
 
 def test_custom_mask_is_prefix_then_ancestor_mask_per_request(patched_sglang):
-    from k26_ddtree.sglang.verify_utils import verify_custom_mask
+    from k26_ddtree.sglang.common.verify_utils import verify_custom_mask
 
     tree = hand_tree()
     ancestor = tree_attention_mask(tree)
@@ -61,7 +61,7 @@ def test_custom_mask_is_prefix_then_ancestor_mask_per_request(patched_sglang):
 
 
 def test_chain_tree_mask_equals_dflash_causal_mask(patched_sglang):
-    from k26_ddtree.sglang.verify_utils import verify_custom_mask
+    from k26_ddtree.sglang.common.verify_utils import verify_custom_mask
 
     n = 5
     chain = hand_tree(parents=[list(range(-1, n - 1))] * 3, tokens=[list(range(n))] * 3, max_depth=n - 1)
@@ -78,7 +78,7 @@ def test_chain_tree_mask_equals_dflash_causal_mask(patched_sglang):
 
 def commit(path, commit_lens, node_slots, prefix=None, pool=None):
     """commit_path on a fresh req_to_token; (PathCommit, req_to_token)."""
-    from k26_ddtree.sglang.verify_utils import commit_path
+    from k26_ddtree.sglang.common.verify_utils import commit_path
 
     batch = node_slots.shape[0]
     req_to_token = torch.full((batch + 1, 16), -1, dtype=torch.int32)
@@ -170,7 +170,7 @@ def one_hot_targets(tree: DDTree, target_next: torch.Tensor, vocab: int) -> torc
 
 @pytest.mark.parametrize("seed", range(5))
 def test_kernel_path_decodes_like_the_greedy_walk_on_one_hot_targets(patched_sglang, seed):
-    from k26_ddtree.sglang.verify_utils import kernel_sampling
+    from k26_ddtree.sglang.common.verify_utils import kernel_sampling
 
     tree = hand_tree()
     gen = torch.Generator().manual_seed(seed)
@@ -188,7 +188,7 @@ def test_kernel_path_decodes_like_the_greedy_walk_on_one_hot_targets(patched_sgl
 
 
 def test_kernel_path_accepts_non_first_siblings_with_their_law(patched_sglang):
-    from k26_ddtree.sglang.verify_utils import kernel_sampling
+    from k26_ddtree.sglang.common.verify_utils import kernel_sampling
 
     draws = 3000
     tree = hand_tree(parents=[[-1, 0, 0, 0]] * draws, tokens=[[9, 1, 2, 3]] * draws, max_depth=1)
@@ -204,7 +204,7 @@ def test_kernel_path_accepts_non_first_siblings_with_their_law(patched_sglang):
 
 
 def test_target_probs_applies_temperature_top_k_and_top_p(patched_sglang):
-    from k26_ddtree.sglang.verify_utils import target_probs
+    from k26_ddtree.sglang.common.verify_utils import target_probs
 
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).repeat(4, 1)  # 2 requests x 2 nodes
     info = SimpleNamespace(
@@ -280,7 +280,7 @@ def fake_batch(reqs, prefix_lens, req_pool_indices, allocator):
 
 
 def test_one_tree_step_prepare_verify_commit(patched_sglang):
-    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+    from k26_ddtree.sglang.v0_5_11.ddtree_info import DDTreeVerifyInput
 
     tree = hand_tree()
     n, vocab = 6, 64
@@ -330,7 +330,7 @@ def test_one_tree_step_prepare_verify_commit(patched_sglang):
 
 
 def test_prepare_refuses_backends_without_tree_mask(patched_sglang):
-    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+    from k26_ddtree.sglang.v0_5_11.ddtree_info import DDTreeVerifyInput
 
     batch = fake_batch([FakeReq([1])], [3], [0], FakeAllocator(0))
     tree = hand_tree(parents=[PARENTS[0]], tokens=[TOKENS[0]])
@@ -361,7 +361,7 @@ class FakeSamplingInfo:
 def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
     """Without the kernel (CPU) the step samples through verify_sampling; the first two
     committed tokens must follow the target's autoregressive law at temperature 0.7."""
-    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+    from k26_ddtree.sglang.v0_5_11.ddtree_info import DDTreeVerifyInput
 
     draws, vocab, temperature = 40000, 6, 0.7
     # root -> {1, 2}; node 1 -> {3}; tokens chosen so some children carry mass, some not
@@ -391,8 +391,8 @@ def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
 
 
 def test_trace_step_records_the_greedy_requests_of_a_mixed_batch_only(patched_sglang, tmp_path):
-    from k26_ddtree.sglang import trace
-    from k26_ddtree.sglang.verify_input import HostCommit, trace_step
+    from k26_ddtree.sglang.common import trace
+    from k26_ddtree.sglang.v0_5_11.ddtree_info import HostCommit, trace_step
 
     depth = 3
     path = tmp_path / "t.trace"

@@ -75,7 +75,7 @@ def server_args(config, trace=None, max_mb=1024):
 
 
 def one_bucket(config):
-    from k26_ddtree.sglang.args import DDTreeSchedule, ScheduleBucket
+    from k26_ddtree.sglang.common.args import DDTreeSchedule, ScheduleBucket
 
     return DDTreeSchedule((ScheduleBucket(1, config, config.block_size),))
 
@@ -85,9 +85,9 @@ def make_worker(patched_sglang, monkeypatch, draft_hidden, config=None, head_in_
     """head_in_graph: the drafters as the worker builds them (DDTreeDrafters.for_worker, tracing to
     `trace` when given); False: a drafter whose graphs start from the top-K, as under TP. `schedule`
     replaces the one bucket of `config`."""
-    from k26_ddtree.sglang.args import DDTreeConfig
-    from k26_ddtree.sglang.draft import DDTreeDrafter, DDTreeDrafters, DraftHead
-    from k26_ddtree.sglang.step_graphs import StepGraphs
+    from k26_ddtree.sglang.common.args import DDTreeConfig
+    from k26_ddtree.sglang.common.draft import DDTreeDrafter, DDTreeDrafters, DraftHead
+    from k26_ddtree.sglang.common.step_graphs import StepGraphs
     from sglang.srt.speculative import dflash_worker
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -178,7 +178,7 @@ class Req:
 
 @pytest.mark.parametrize("head_in_graph", [True, False], ids=["one-rank-draft-piece", "top-k-first"])
 def test_decode_step_drafts_a_tree_verifies_it_and_commits_the_path(patched_sglang, monkeypatch, head_in_graph):
-    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+    from k26_ddtree.sglang.v0_5_11.ddtree_info import DDTreeVerifyInput
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     # One request; draft positions 1..3 rank (10, 11), (12, 13), (14, 15) first and second.
@@ -255,7 +255,7 @@ def test_decode_step_drafts_a_tree_verifies_it_and_commits_the_path(patched_sgla
 def test_budget_one_tree_is_smaller_than_the_draft_block(patched_sglang, monkeypatch):
     """Budget 1: the draft still runs its 4-slot block, the target verifies 2 nodes (root + the
     top-1 draft), and the step commits the draft plus the target's bonus."""
-    from k26_ddtree.sglang.args import DDTreeConfig
+    from k26_ddtree.sglang.common.args import DDTreeConfig
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     draft_hidden = torch.cat([torch.zeros(1, VOCAB), draft_logits([[10, 11], [12, 13], [14, 15]])])
@@ -345,7 +345,7 @@ def distinct_draft_hidden(batch_size):
 
 def test_traced_steps_record_the_drafters_top8_and_what_each_request_committed(patched_sglang, monkeypatch,
                                                                                tmp_path):
-    from k26_ddtree.sglang import trace
+    from k26_ddtree.sglang.common import trace
 
     draft_hidden = distinct_draft_hidden(2)
     path = tmp_path / "steps.trace"
@@ -402,8 +402,8 @@ def test_untraced_worker_keeps_the_graph_path_and_writes_nothing(patched_sglang,
 
 def test_other_tp_ranks_draft_the_same_top8_but_write_nothing(patched_sglang, monkeypatch, tmp_path):
     """Every rank must draft the same top-K width (the all_gather); only rank 0 has the file."""
-    from k26_ddtree.sglang.args import DDTreeConfig
-    from k26_ddtree.sglang.draft import DDTreeDrafters
+    from k26_ddtree.sglang.common.args import DDTreeConfig
+    from k26_ddtree.sglang.common.draft import DDTreeDrafters
 
     config = DDTreeConfig(budget=5, topk=2, spine=False, block_size=BLOCK)
     (drafter,) = DDTreeDrafters.for_worker(one_bucket(config), server_args(config, str(tmp_path / "t.trace")),
@@ -420,8 +420,8 @@ def test_schedule_serves_each_batch_size_from_its_bucket(patched_sglang, monkeyp
     """Schedule 1:5/2,2:0: one request drafts a budget-5 tree; two requests take DFlash's own chain
     (its argmax block, its verify input of block-size tokens, none of DDTree's work); back to one,
     the tree again. The chain bucket's verify is DFlash's, run as the chain's own test would."""
-    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule, ScheduleBucket
-    from k26_ddtree.sglang.verify_input import DDTreeVerifyInput
+    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule, ScheduleBucket
+    from k26_ddtree.sglang.v0_5_11.ddtree_info import DDTreeVerifyInput
     from sglang.srt.speculative import dflash_info
 
     monkeypatch.setattr(dflash_info, "assign_req_to_token_pool_func", torch_assign)  # a Triton kernel in SGLang

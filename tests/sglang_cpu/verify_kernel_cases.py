@@ -1,4 +1,4 @@
-"""The verify's fused Triton kernels (k26_ddtree/sglang/verify_kernels.py) against the torch
+"""The verify's fused Triton kernels (k26_ddtree/sglang/common/verify_kernels.py) against the torch
 ops that define them (verify_utils.verify_custom_mask and commit_path), run by
 test_ddtree_verify_input.py in a subprocess with TRITON_INTERPRET=1 and the test
 process's sys.path (the patched SGLang and its CPU stubs). Prints one line per
@@ -14,8 +14,8 @@ from core_cases import draft_inputs, walk_target
 from k26_ddtree.core.retrieve import tree_attention_mask
 from k26_ddtree.core.tree import build_ddtree
 from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
-from k26_ddtree.sglang import verify_kernels
-from k26_ddtree.sglang.verify_utils import commit_path, verify_custom_mask
+from k26_ddtree.sglang.common import verify_kernels
+from k26_ddtree.sglang.common.verify_utils import commit_path, verify_custom_mask
 
 # (batch, D, K, budget): one request, odd sizes, a chain, the server's widest tree.
 CASES = [(1, 7, 4, 8), (3, 3, 2, 5), (17, 7, 1, 7), (5, 7, 8, 64), (40, 2, 3, 12)]

@@ -13,7 +13,7 @@ import torch
 from tune_fixtures import MODEL, bench_run, header, random_table, sweep_runs, walk_records, write_results, write_trace
 
 from k26_ddtree.core.acceptance import TreeShape
-from k26_ddtree.sglang import trace
+from k26_ddtree.sglang.common import trace
 
 REPO = Path(__file__).resolve().parents[2]
 LIVE = REPO / "bench/results/2026-11-30-tiny-lossless-small-budgets-spine-bench/bench-harness/bench-harness.json"

@@ -11,7 +11,7 @@ from k26_ddtree.core.acceptance import TreeShape, committed_every_budget, commit
 from k26_ddtree.core.budget import codes_fit, max_budget
 from k26_ddtree.errors import UserError
 from proving_ground.acceptance import acceptance_table
-from k26_ddtree.sglang import trace
+from k26_ddtree.sglang.common import trace
 from k26_ddtree.tune.estimate import acceptance, all_shapes, as_served, chain, replay
 
 D = 3

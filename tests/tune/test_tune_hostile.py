@@ -15,7 +15,7 @@ import torch
 from tune_fixtures import bench_run, header, random_table, sweep_runs, walk_records, write_results, write_trace
 
 from k26_ddtree.core.acceptance import TreeShape
-from k26_ddtree.sglang import trace
+from k26_ddtree.sglang.common import trace
 
 D = 7
 

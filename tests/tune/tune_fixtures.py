@@ -12,7 +12,7 @@ from k26_ddtree.bench.metrics import summarize_cell
 from k26_ddtree.bench.results import (SCHEMA, algorithm_of, load_results, new_run_id, run_label, utc_now,
                                      write_json_atomic)
 from k26_ddtree.core.acceptance import DraftTopK, TreeShape, committed_per_root
-from k26_ddtree.sglang import trace
+from k26_ddtree.sglang.common import trace
 
 MODEL = "/models/Kimi-K2.6"
 OUTPUT_LEN = 256

@@ -1,8 +1,8 @@
 """DDTree inside SGLang 0.5.17's overlap DFlash worker (DFlashWorkerV2), overlap scheduling on.
 
 The algorithm is k26_ddtree.core; the version-free SGLang pieces (flags and schedule in
-sglang/args.py, the drafter's top-K in draft.py, the step graphs, the trace, the mask and
-sampling maths in verify_utils.py) are reused from k26_ddtree.sglang. This package holds what
+args.py, the drafter's top-K in draft.py, the step graphs, the trace, the mask and sampling
+maths in verify_utils.py) are reused from k26_ddtree.sglang.common. This package holds what
 0.5.17 changes, in SGLang's roles:
 
   args.py          the flags on 0.5.17's ServerArgs (field help), DDTREE -> DFLASH, validation,

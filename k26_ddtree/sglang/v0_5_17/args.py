@@ -1,7 +1,7 @@
 """The DDTree flags on SGLang 0.5.17's ServerArgs: their help, the DDTREE spelling, validation, the
 token counts per role and the verify-mask policy.
 
-The flags, their defaults and their checks are those of k26_ddtree.sglang.args (reused here);
+The flags, their defaults and their checks are those of k26_ddtree.sglang.common.args (reused here);
 0.5.17 changes where they are declared (one annotated ServerArgs field per flag, the help below)
 and how many tokens each role counts:
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 
-from k26_ddtree.sglang import args as base
-from k26_ddtree.sglang.args import DDTreeArgsError, DDTreeSchedule
+from k26_ddtree.sglang.common import args as base
+from k26_ddtree.sglang.common.args import DDTreeArgsError, DDTreeSchedule
 
 logger = logging.getLogger(__name__)
 

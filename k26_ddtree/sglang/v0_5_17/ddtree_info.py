@@ -27,9 +27,9 @@ from typing import Optional
 import torch
 
 from k26_ddtree.core.verify import PackedAcceptance, verify_sampling
-from k26_ddtree.sglang.step_graphs import StepTree
+from k26_ddtree.sglang.common.step_graphs import StepTree
 from k26_ddtree.sglang.v0_5_17.ddtree_utils import node_slots, pad_tree, path_rows, permute_path
-from k26_ddtree.sglang.verify_utils import kernel_sampling, target_probs, verify_custom_mask
+from k26_ddtree.sglang.common.verify_utils import kernel_sampling, target_probs, verify_custom_mask
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative import dflash_utils
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput

@@ -34,10 +34,10 @@ import logging
 
 import torch
 
-from k26_ddtree.sglang.args import DDTreeArgsError, DDTreeConfig, DDTreeSchedule
-from k26_ddtree.sglang.draft import DDTreeDrafter, DDTreeDrafters, DraftHead, topk_hook_from_env
-from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
-from k26_ddtree.sglang.trace import TraceWriter
+from k26_ddtree.sglang.common.args import DDTreeArgsError, DDTreeConfig, DDTreeSchedule
+from k26_ddtree.sglang.common.draft import DDTreeDrafter, DDTreeDrafters, DraftHead, topk_hook_from_env
+from k26_ddtree.sglang.common.step_graphs import StepGraphs, StepTree
+from k26_ddtree.sglang.common.trace import TraceWriter
 from k26_ddtree.sglang.v0_5_17.ddtree_info import DDTreeVerifyInputV2
 from k26_ddtree.sglang.v0_5_17.ddtree_utils import pad_tree
 from sglang.srt.configs.hybrid_arch import mambaish_config

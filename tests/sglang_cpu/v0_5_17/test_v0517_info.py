@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from k26_ddtree.core.tree import DDTree
-from k26_ddtree.sglang.step_graphs import StepTree
+from k26_ddtree.sglang.common.step_graphs import StepTree
 
 # Two requests, n = 6 nodes each (budget 5, depth cap 3).
 #   request 0:  0 -> 1 -> 3 -> 5       request 1:  0 -> 1 -> 2 -> 3
@@ -138,7 +138,7 @@ def test_commit_reads_nothing_from_the_device(patched_sglang, monkeypatch):
 def test_sampling_acceptance_keeps_to_the_tree_and_the_given_top_k(patched_sglang):
     from types import SimpleNamespace
 
-    from k26_ddtree.sglang.verify_utils import target_probs
+    from k26_ddtree.sglang.common.verify_utils import target_probs
 
     verify, _ = build(width=8)
     torch.manual_seed(0)

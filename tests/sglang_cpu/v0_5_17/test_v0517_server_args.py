@@ -10,7 +10,7 @@ from v0517_support import cli, ddtree_cli, parse
 
 
 def test_flags_turn_ddtree_on_and_the_target_count_holds_tree_and_block(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeConfig, DDTreeSchedule
+    from k26_ddtree.sglang.common.args import DDTreeConfig, DDTreeSchedule
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton",
                      "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk", "8"))
@@ -44,7 +44,7 @@ def test_schedule_counts_its_widest_bucket(patched_sglang, models):
 
 
 def test_linear_dflash_is_untouched(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeSchedule
+    from k26_ddtree.sglang.common.args import DDTreeSchedule
 
     args = parse(cli(models, "--speculative-algorithm", "DFLASH", "--attention-backend", "triton"))
     assert args.speculative_num_draft_tokens == 8
@@ -78,7 +78,7 @@ def test_resolution_is_idempotent(patched_sglang, models, budget, count):
     ],
 )
 def test_bad_flags_are_rejected_in_one_line(patched_sglang, models, tmp_path, monkeypatch, extra, message):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DDTreeArgsError, match=message) as err:
@@ -89,14 +89,14 @@ def test_bad_flags_are_rejected_in_one_line(patched_sglang, models, tmp_path, mo
 @pytest.mark.parametrize("backends", [["--attention-backend", "flashinfer"], ["--attention-backend", "fa3"],
                                       ["--attention-backend", "triton", "--decode-attention-backend", "flashinfer"]])
 def test_attention_backends_other_than_triton_are_rejected(patched_sglang, models, backends):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match="--attention-backend triton"):
         parse(cli(models, "--speculative-algorithm", "DDTREE", *backends))
 
 
 def test_budget_needs_dflash(patched_sglang, models):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     with pytest.raises(DDTreeArgsError, match="needs --speculative-algorithm DFLASH"):
         parse(cli(models, "--speculative-algorithm", "EAGLE", "--speculative-ddtree-budget", "8"))
@@ -113,8 +113,8 @@ def test_trace_flag_gives_an_absolute_path_and_the_default_cap(patched_sglang, m
 
 
 def test_bad_trace_path_fails_the_parse_in_one_line(patched_sglang, models, tmp_path):
-    from k26_ddtree.sglang import trace
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common import trace
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
 
     other_depth = tmp_path / "depth3.trace"
     other_depth.write_bytes(trace.header_bytes({"depth": 3}))

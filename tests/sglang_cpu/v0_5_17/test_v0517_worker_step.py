@@ -233,7 +233,7 @@ def test_a_schedule_pads_narrow_trees_and_serves_a_chain_bucket_as_the_top1_tree
 
 
 def test_traced_steps_record_the_committed_tokens_per_request(patched_sglang, monkeypatch, tmp_path):
-    from k26_ddtree.sglang import trace
+    from k26_ddtree.sglang.common import trace
 
     path = tmp_path / "steps.trace"
     worker, _ = make_worker(patched_sglang, monkeypatch, server_args(trace=str(path)),
@@ -252,7 +252,7 @@ def test_traced_steps_record_the_committed_tokens_per_request(patched_sglang, mo
 
 
 def test_hybrid_targets_and_oversized_topk_are_rejected_at_start_up(patched_sglang, monkeypatch):
-    from k26_ddtree.sglang.args import DDTreeArgsError
+    from k26_ddtree.sglang.common.args import DDTreeArgsError
     from k26_ddtree.sglang.v0_5_17 import worker as ddtree_worker
 
     runner = SimpleNamespace(model_config=SimpleNamespace(vocab_size=4))

@@ -20,7 +20,7 @@ No sglang imports at import time: model_runner.py imports this module.
 
 from __future__ import annotations
 
-from k26_ddtree.sglang.args import DDTreeSchedule
+from k26_ddtree.sglang.common.args import DDTreeSchedule
 
 
 def graph_runner(model_runner, runner_cls):

@@ -1,4 +1,4 @@
-"""The DDTree verify step inside SGLang: prepare the tree forward, then accept, record, commit.
+"""The DDTree verify step inside SGLang 0.5.11: prepare the tree forward, then accept, record, commit.
 
 DDTreeVerifyInput is a DFlashVerifyInput (so every `isinstance` check, the
 SpecInputType and the attention backends treat it as DFlash's verify input)
@@ -36,9 +36,9 @@ import torch
 
 from k26_ddtree.core.tree import DDTree
 from k26_ddtree.core.verify import PackedAcceptance, verify_sampling
-from k26_ddtree.sglang.step_graphs import StepTree
-from k26_ddtree.sglang.trace import StepDraft
-from k26_ddtree.sglang.verify_utils import (
+from k26_ddtree.sglang.common.step_graphs import StepTree
+from k26_ddtree.sglang.common.trace import StepDraft
+from k26_ddtree.sglang.common.verify_utils import (
     apply_logit_adjustments,
     assign_node_slots,
     commit_path,

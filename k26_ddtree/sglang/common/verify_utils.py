@@ -46,7 +46,7 @@ def verify_custom_mask(ancestor: torch.Tensor, prefix_lens: torch.Tensor, prefix
     """
     batch, n, _ = ancestor.shape
     total = int((prefix_lens_cpu.to(torch.int64) + n).sum()) * n
-    kernel = fused_kernel(fused, ancestor, n, "sglang.verify_kernels", "verify_custom_mask_fused")
+    kernel = fused_kernel(fused, ancestor, n, "sglang.common.verify_kernels", "verify_custom_mask_fused")
     if kernel is not None:
         return kernel(ancestor, prefix_lens, total)
     device = ancestor.device
@@ -104,7 +104,7 @@ def commit_path(path: torch.Tensor, commit_lens: torch.Tensor, node_slots: torch
     total = sum(commit_lens), known on the host, so nothing here waits for the device.
     """
     batch, n = node_slots.shape
-    kernel = fused_kernel(fused, node_slots, n, "sglang.verify_kernels", "commit_path_fused")
+    kernel = fused_kernel(fused, node_slots, n, "sglang.common.verify_kernels", "commit_path_fused")
     if kernel is not None:
         return PathCommit(*kernel(path, commit_lens, node_slots, req_to_token, req_pool_indices, prefix_lens, total))
     width = path.shape[1]

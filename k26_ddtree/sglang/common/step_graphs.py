@@ -44,8 +44,8 @@ import torch
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask, tree_positions
 from k26_ddtree.core.tree import DDTree, build_ddtree
 from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
-from k26_ddtree.sglang.args import DDTreeConfig
-from k26_ddtree.sglang.trace import StepDraft
+from k26_ddtree.sglang.common.args import DDTreeConfig
+from k26_ddtree.sglang.common.trace import StepDraft
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class StepGraphs:
         for bucket in reversed(self.buckets):
             self._bucket(bucket)
         if self.device.type == "cuda":
-            from k26_ddtree.sglang import verify_kernels
+            from k26_ddtree.sglang.common import verify_kernels
 
             verify_kernels.warm_up(self.config.budget + 1, self.config.block_size - 1, self.max_batch, self.device)
         if not self.buckets and self.device.type != "cpu":

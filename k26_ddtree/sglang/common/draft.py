@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from k26_ddtree.sglang.args import TOPK_HOOK_ENV, DDTreeConfig, DDTreeSchedule
-from k26_ddtree.sglang.step_graphs import StepGraphs, StepTree
-from k26_ddtree.sglang.trace import TOPK as TRACE_TOPK
-from k26_ddtree.sglang.trace import StepDraft, TraceWriter
+from k26_ddtree.sglang.common.args import TOPK_HOOK_ENV, DDTreeConfig, DDTreeSchedule
+from k26_ddtree.sglang.common.step_graphs import StepGraphs, StepTree
+from k26_ddtree.sglang.common.trace import TOPK as TRACE_TOPK
+from k26_ddtree.sglang.common.trace import StepDraft, TraceWriter
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
