@@ -43,6 +43,7 @@ from k26_ddtree.sglang.common.args import (
     normalize_algorithm,
     parse_schedule,
     resolve_trace,
+    verify_reserved_mem_mb,
 )
 
 logger = logging.getLogger(__name__)
@@ -169,21 +170,3 @@ def check_target_runner(model_runner, vocab_size: int, topk: int) -> None:
         )
     if topk > vocab_size:
         raise DDTreeArgsError(f"--speculative-ddtree-topk {topk} exceeds the vocabulary size {vocab_size}")
-
-
-def verify_reserved_mem_mb(server_args, vocab_size: int, context_len: int) -> float:
-    """GPU memory (MB) that grows with the budget, for the static-memory estimate.
-
-    Per verified token: fp32 logits in the target's graph output and in eager
-    verify (logits, scaled logits, target probs and the zeroed draft probs of the
-    sampling kernel), plus the triton backend's uint8 custom-mask graph buffer,
-    one context length per token (its other graph buffers are per request for
-    DFlash runners, see buffers.py).
-    """
-    verify_width = max_verify_width(server_args)
-    graph_bs = 0 if server_args.disable_cuda_graph else int(server_args.cuda_graph_max_bs or 0)
-    running = int(server_args.max_running_requests or 48)
-    logits_row = 4 * int(vocab_size)
-    graph_bytes = graph_bs * verify_width * (logits_row + int(context_len))
-    eager_bytes = running * verify_width * logits_row * 4
-    return (graph_bytes + eager_bytes) / (1 << 20)

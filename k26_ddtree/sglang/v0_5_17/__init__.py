@@ -6,10 +6,12 @@ maths in verify_utils.py) are reused from k26_ddtree.sglang.common. This package
 0.5.17 changes, in SGLang's roles:
 
   args.py          the flags on 0.5.17's ServerArgs (field help), DDTREE -> DFLASH, validation,
-                   the counts per role (target: the widest tree; draft: the block; the spec
-                   bag's N: both) and the verify-mask policy (a DDTree Triton graph reads the mask)
-  ddtree_utils.py  slot maths on the device: padding a tree to the verify width, the nodes'
-                   slots in req_to_token, the commit permutation, the path's rows
+                   the counts per role (target: a schedule width, the widest by default; draft: the
+                   block; the spec bag's N: both), the verify-mask policy (a DDTree Triton graph
+                   reads the mask) and the verify's static-memory reserve
+  ddtree_utils.py  slot maths on the device: the nodes' slots in req_to_token, the commit
+                   permutation, the path's rows
+  verify_graphs.py the target's verify CUDA graphs: one runner per width of a schedule
   ddtree_info.py   one step's state: the verify input, the acceptance, the on-device commit
   worker.py        DDTreeV2: the drafters built at start-up and the decode step the patched
                    DFlashWorkerV2 hands over (worker.py's docstring walks through it)

@@ -10,8 +10,9 @@ and how many tokens each role counts:
                                  2 N slots per request), the req_to_token row width, the triton
                                  backend's buffers and the draft runner's graphs, so it must hold
                                  both the widest tree and the draft block
-  target verify graphs           the schedule's widest verify width (budget + 1, a chain bucket's
-                                 block); narrower trees are padded to it (ddtree_utils)
+  target verify graphs           one runner per verify width of the schedule (budget + 1, a chain
+                                 bucket's block), each capturing its buckets' batch sizes
+                                 (verify_graphs.py); the shared logits buffer holds the widest
   draft graphs                   the block (tokens_per_request: the draft runner's server args are a
                                  copy of the target's, but its graph runner reads the target's N)
 
@@ -28,6 +29,8 @@ from k26_ddtree.sglang.common.args import DDTreeArgsError, DDTreeSchedule
 logger = logging.getLogger(__name__)
 
 TRITON_BACKEND_CLASS = "TritonAttnBackend"
+# cuda_graph_config.decode.backend with no decode graphs (sglang's Backend.DISABLED).
+DISABLED_GRAPHS = "disabled"
 
 HELP_BUDGET = (
     "DFLASH with DDTree: verify a tree of this many draft nodes per request (the budget most probable "
@@ -108,12 +111,17 @@ def finalize(server_args, attention_backends, page_size) -> None:
 
 def tokens_per_request(server_args, is_draft_worker: bool, num_draft_tokens: int) -> int:
     """Tokens per request of a runner's TARGET_VERIFY graphs and logits buffer: with DDTree the
-    target's widest verify, the draft's block; otherwise SGLang's `num_draft_tokens`."""
+    draft's block, and the target's `num_draft_tokens` where it is one of the schedule's verify
+    widths (a width's own runner, verify_graphs.py), else its widest (the spec bag's count, which
+    also holds the block); otherwise SGLang's `num_draft_tokens`."""
     if not base.is_ddtree(server_args) or server_args.speculative_dflash_block_size is None:
         return num_draft_tokens
     if is_draft_worker:
         return int(server_args.speculative_dflash_block_size)
-    return DDTreeSchedule.from_server_args(server_args).max_verify_width
+    schedule = DDTreeSchedule.from_server_args(server_args)
+    if any(bucket.verify_width == num_draft_tokens for bucket in schedule.buckets):
+        return num_draft_tokens
+    return schedule.max_verify_width
 
 
 def verify_needs_mask(backend_name: str, upstream: bool, spec) -> bool:
@@ -123,3 +131,29 @@ def verify_needs_mask(backend_name: str, upstream: bool, spec) -> bool:
     if backend_name == TRITON_BACKEND_CLASS and base.is_ddtree(spec):
         return True
     return upstream
+
+
+def verify_reserved_mem_mb(server_args) -> float:
+    """GPU memory (MB) the DDTree verify adds to SGLang's static-memory reserve
+    (ServerArgs._handle_gpu_memory_settings, whose graph reserve counts a fixed amount per batch
+    size): the accounting of k26_ddtree.sglang.args.verify_reserved_mem_mb (graph and eager logits,
+    the graph mask buffer, per verified token of the widest width). 0 without DDTree."""
+    if not base.is_ddtree(server_args):
+        return 0.0
+    model_config = server_args.get_model_config()
+    return base.verify_reserved_mem_mb(_GraphFields(server_args), vocab_size=model_config.vocab_size,
+                                       context_len=model_config.context_len)
+
+
+class _GraphFields:
+    """A ServerArgs as the shared accounting reads it: 0.5.17 keeps the decode graphs' backend and
+    largest batch size in cuda_graph_config.decode."""
+
+    def __init__(self, server_args):
+        decode = server_args.cuda_graph_config.decode
+        self.disable_cuda_graph = decode.backend == DISABLED_GRAPHS
+        self.cuda_graph_max_bs = decode.max_bs
+        self._server_args = server_args
+
+    def __getattr__(self, name):
+        return getattr(self._server_args, name)

@@ -1,9 +1,9 @@
 """One overlap step's DDTree state: the verify input, the acceptance and the on-device commit.
 
 DDTreeVerifyInputV2 is a DFlashVerifyInput (SGLang's backends, graph runner and SpecInputType
-treat it as DFlash's) whose W tokens per request are a DDTree's nodes (padded to the target's
-verify width under a schedule), with the tree mask and the nodes' KV slots. After the target
-forward:
+treat it as DFlash's) whose W tokens per request are a DDTree's nodes (W = budget + 1, the verify
+width of the batch's bucket, which its own target graphs hold), with the tree mask and the nodes' KV
+slots. After the target forward:
 
   accept   greedy: the walk over the target's argmax (in the step's verify graph where there is
            one); sampling: sgl_kernel's exact tree-sampling kernel (the torch walk without it)
@@ -28,8 +28,8 @@ import torch
 
 from k26_ddtree.core.verify import PackedAcceptance, verify_sampling
 from k26_ddtree.sglang.common.step_graphs import StepTree
-from k26_ddtree.sglang.v0_5_17.ddtree_utils import node_slots, pad_tree, path_rows, permute_path
 from k26_ddtree.sglang.common.verify_utils import kernel_sampling, target_probs, verify_custom_mask
+from k26_ddtree.sglang.v0_5_17.ddtree_utils import node_slots, path_rows, permute_path
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative import dflash_utils
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -69,34 +69,26 @@ class DDTreeVerifyInputV2(DFlashVerifyInput):
     node_slots: Optional[torch.Tensor] = None
 
     @classmethod
-    def build(cls, step: StepTree, width: int, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+    def build(cls, step: StepTree, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
               prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor) -> DDTreeVerifyInputV2:
-        """The verify of `step`'s trees as `width` tokens per request; prefix_lens [B] on the device,
+        """The verify of `step`'s trees, one token per node; prefix_lens [B] on the device,
         prefix_lens_cpu the same values on the host (they size the mask)."""
-        tokens, positions, ancestor = pad_tree(step.tree.tokens, step.positions, step.ancestor, width)
+        width = step.tree.tokens.shape[1]
         return cls(
-            draft_token=tokens.reshape(-1),
-            positions=positions.reshape(-1),
+            draft_token=step.tree.tokens.reshape(-1),
+            positions=step.positions.reshape(-1),
             draft_token_num=width,
-            custom_mask=verify_custom_mask(ancestor, prefix_lens, prefix_lens_cpu),
+            custom_mask=verify_custom_mask(step.ancestor, prefix_lens, prefix_lens_cpu),
             capture_hidden_mode=CaptureHiddenMode.FULL,
             step=step,
             node_slots=node_slots(req_to_token, req_pool_indices, prefix_lens, width),
         )
-
-    def tree_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The rows of the tree's own nodes of the target's logits [B * W, V] (a copy when padded)."""
-        batch, n = self.step.tree.tokens.shape
-        if n == self.draft_token_num:
-            return logits
-        return logits.view(batch, self.draft_token_num, -1)[:, :n].reshape(batch * n, -1)
 
     def accept(self, logits: torch.Tensor, sampling_info, max_top_k: int) -> PackedAcceptance:
         """The accepted path and bonus of every request; logits [B * W, V], already adjusted
         (penalties, bias, grammar) as SGLang's DFlash verify adjusts them. max_top_k: the batch's
         largest top-k, known on the host."""
         tree = self.step.tree
-        logits = self.tree_logits(logits)
         if sampling_info is None or sampling_info.is_all_greedy:
             return self.step.accept_greedy(logits)
         probs = target_probs(logits, sampling_info, tree.tokens.shape[1], max_top_k=max_top_k)

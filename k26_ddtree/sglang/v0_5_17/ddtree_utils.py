@@ -8,9 +8,6 @@ segment in place: the accepted path's slots first, in depth order (node path[d] 
 prefix + d, where its KV, written attending only to its ancestors, is what an autoregressive step
 writes), then every other node's slot, kept in the row for a later step.
 
-  pad_tree        a tree of n nodes as a verify of W >= n tokens (a schedule's narrower buckets):
-                  padding nodes repeat the root at its position and attend to themselves only;
-                  no walk reaches them
   node_slots      req_to_token[prefix, prefix + W) per request
   permute_path    the commit permutation, written back to req_to_token; the new segment
   path_rows       rows of the target's hidden states [B * W, F] on the accepted paths [B * P]
@@ -21,22 +18,6 @@ Every shape is known on the host (B, W, P); no function reads a device value.
 from __future__ import annotations
 
 import torch
-
-
-def pad_tree(tokens: torch.Tensor, positions: torch.Tensor, ancestor: torch.Tensor,
-             width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tokens / positions [B, n] long, ancestor [B, n, n] bool -> the same for `width` >= n nodes."""
-    batch, n = tokens.shape
-    if width == n:
-        return tokens, positions, ancestor
-    if width < n:
-        raise ValueError(f"a tree of {n} nodes does not fit a verify of {width} tokens")
-    pad = width - n
-    tokens = torch.cat([tokens, tokens[:, :1].expand(batch, pad)], dim=1)
-    positions = torch.cat([positions, positions[:, :1].expand(batch, pad)], dim=1)
-    padded = torch.eye(width, dtype=torch.bool, device=ancestor.device).repeat(batch, 1, 1)
-    padded[:, :n, :n] = ancestor
-    return tokens, positions, padded
 
 
 def _columns(prefix_lens: torch.Tensor, width: int) -> torch.Tensor:

@@ -7,12 +7,13 @@ block forward (prepare, draft KV slots, the draft model's one TARGET_VERIFY forw
   1. draft.py          the drafter of the batch size's bucket: the block's top-K through the target
                        lm_head, the tree, its mask, positions and retrieve links (step_graphs.py:
                        replayed from the bucket's CUDA graph where one holds the batch)
-  2. ddtree_info.py    the verify input: W tokens per request (the target's verify width; a
-                       narrower bucket's tree padded), the tree mask, the slots req_to_token[prefix,
-                       prefix + W) the scheduler reserved
-  3. SGLang            prepare_for_verify and the target forward (its graph holds W per request
-                       and reads the mask: args.tokens_per_request, args.verify_needs_mask); the
-                       grammar mask over the tree and the logit adjustments as DFlash applies them
+  2. ddtree_info.py    the verify input: W tokens per request (the bucket's verify width, its
+                       tree's nodes), the tree mask, the slots req_to_token[prefix, prefix + W) the
+                       scheduler reserved
+  3. SGLang            prepare_for_verify and the target forward (the graph of W's own runner,
+                       which reads the mask: verify_graphs.py, args.verify_needs_mask; eager past
+                       its batch sizes, planned for W); the grammar mask over the tree and the
+                       logit adjustments as DFlash applies them
   4. ddtree_info.py    accept, then commit on the device: the path's slots permuted to the front
                        of the row, new_seq_lens published at once (on_publish), then the path's
                        target hidden states appended to the draft KV as DFlash appends its chain
@@ -24,8 +25,11 @@ from the result a step later, as it reads DFlash's. Only while the server traces
 copy its committed tokens to the host (the trace record needs them).
 
 A chain bucket of a schedule ("bs:0") is served as the top-1 tree of block - 1 nodes: the
-drafter's argmax chain, verified and committed through the same path (one verify width, one graph
-per batch size), with the same greedy output as DFlash's chain.
+drafter's argmax chain, verified at the block's width, as DFlash verifies it, and committed
+through the same path, with the same greedy output as DFlash's chain. Its target verify costs what
+DFlash's does (the same tokens); DFlash's own path would need a verify graph of that width
+captured without the mask (the mask policy is one per process, read at capture) and would leave
+the bucket's steps out of the trace.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ from k26_ddtree.sglang.common.draft import DDTreeDrafter, DDTreeDrafters, DraftH
 from k26_ddtree.sglang.common.step_graphs import StepGraphs, StepTree
 from k26_ddtree.sglang.common.trace import TraceWriter
 from k26_ddtree.sglang.v0_5_17.ddtree_info import DDTreeVerifyInputV2
-from k26_ddtree.sglang.v0_5_17.ddtree_utils import pad_tree
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -67,15 +70,15 @@ def graph_batch_sizes(decode_sizes, max_running_requests) -> list[int]:
 
 
 class DDTreeV2:
-    """One DFlashWorkerV2's DDTree: its schedule's drafters and the target's verify width W.
+    """One DFlashWorkerV2's DDTree: its schedule's drafters (a batch's bucket also sets the verify
+    width W, its tree's nodes).
 
     step_counts   while tracing: per request id in the last traced batch, its decode steps so far
     """
 
-    def __init__(self, schedule: DDTreeSchedule, drafters: DDTreeDrafters, verify_width: int):
+    def __init__(self, schedule: DDTreeSchedule, drafters: DDTreeDrafters):
         self.schedule = schedule
         self.drafters = drafters
-        self.verify_width = verify_width
         self.step_counts: dict[str, int] = {}
 
     @classmethod
@@ -100,10 +103,9 @@ class DDTreeV2:
             DDTreeDrafter.for_bucket(config, head, bucket_sizes, server_args, device, hook, trace)
             for config, bucket_sizes in zip(configs, schedule.graph_batch_sizes(sizes))
         ]
-        # The target's verify graphs hold this width (args.tokens_per_request).
-        width = schedule.max_verify_width
-        logger.info("DDTree v2 worker: %s; verify width %d.", schedule.describe(), width)
-        return cls(schedule, DDTreeDrafters(schedule, drafters, hook), width)
+        logger.info("DDTree v2 worker: %s; verify widths %s.", schedule.describe(),
+                    "/".join(str(b.verify_width) for b in schedule.buckets))
+        return cls(schedule, DDTreeDrafters(schedule, drafters, hook))
 
     def decode(self, worker, batch, draft_input, draft_hidden: torch.Tensor, on_publish=None,
                grammar_barrier=None) -> GenerationBatchResult:
@@ -115,8 +117,7 @@ class DDTreeV2:
         req_to_token = worker.model_runner.req_to_token_pool.req_to_token
         drafter = self.drafters.for_batch(bs)
         step = drafter.draft(draft_input.bonus_tokens.view(-1), draft_hidden.view(bs, worker.block_size, -1), batch)
-        verify = DDTreeVerifyInputV2.build(step, self.verify_width, req_to_token, batch.req_pool_indices,
-                                           prefix_lens, batch.seq_lens_cpu)
+        verify = DDTreeVerifyInputV2.build(step, req_to_token, batch.req_pool_indices, prefix_lens, batch.seq_lens_cpu)
         grammar_tree = self._grammar_tree(step) if batch.has_grammar else None
         logits_output, can_run_cuda_graph = self._verify_forward(worker, batch, verify)
 
@@ -128,7 +129,7 @@ class DDTreeV2:
             grammar_mask = None
         if batch.sampling_info is not None:
             apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=batch.sampling_info,
-                                                   draft_token_num=self.verify_width)
+                                                   draft_token_num=verify.draft_token_num)
         if grammar_mask is not None:
             grammar_mask.apply(logits)
         acceptance = verify.accept(logits, batch.sampling_info, draft_input.max_top_k)
@@ -163,7 +164,7 @@ class DDTreeV2:
         batch.out_cache_loc = verify.node_slots.reshape(-1)
         seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
         # The host bound of the lengths the attention backend plans with: prefix and the verify.
-        batch.seq_lens_cpu = seq_lens_cpu + self.verify_width
+        batch.seq_lens_cpu = seq_lens_cpu + verify.draft_token_num
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         forward_batch, _ = verify.prepare_for_verify(batch, worker.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
@@ -172,15 +173,10 @@ class DDTreeV2:
         return out.logits_output, out.can_run_cuda_graph
 
     def _grammar_tree(self, step: StepTree) -> GrammarTree:
-        """The tree for SGLang's grammar bitmask, padded to the verify width (padding nodes have
-        no links); started before the target verify launch, as SGLang requires."""
+        """The tree for SGLang's grammar bitmask; started before the target verify launch, as
+        SGLang requires."""
         _, next_token, next_sibling = step.retrieve
-        tokens, _, _ = pad_tree(step.tree.tokens, step.positions, step.ancestor, self.verify_width)
-        pad = self.verify_width - next_token.shape[1]
-        if pad:
-            next_token = torch.nn.functional.pad(next_token, (0, pad), value=-1)
-            next_sibling = torch.nn.functional.pad(next_sibling, (0, pad), value=-1)
-        return GrammarTree.from_device(next_token, next_sibling, tokens)
+        return GrammarTree.from_device(next_token, next_sibling, step.tree.tokens)
 
     def _trace(self, step: StepTree, batch, acceptance) -> None:
         """The step's trace records of its greedy requests; the one host copy a traced step makes.

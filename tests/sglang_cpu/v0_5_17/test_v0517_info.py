@@ -1,5 +1,5 @@
 """The 0.5.17 DDTree step state on small CPU tensors: the verify input's tokens, positions, mask and
-slots, padding to a wider verify, the acceptance, and the on-device commit (the req_to_token
+slots (one verify token per tree node), the acceptance, and the on-device commit (the req_to_token
 permutation, new_seq_lens, the scheduler's strided tokens and the draft append's inputs)."""
 
 from __future__ import annotations
@@ -37,19 +37,17 @@ def req_to_token():
     return (torch.arange(3).unsqueeze(1) * 1000 + 1000 + torch.arange(32)).to(torch.int32)
 
 
-def build(width=6, table=None):
+def build(table=None):
     from k26_ddtree.sglang.v0_5_17.ddtree_info import DDTreeVerifyInputV2
 
     table = req_to_token() if table is None else table
     prefix = torch.tensor(PREFIX)
-    return DDTreeVerifyInputV2.build(hand_step(), width, table, torch.tensor(POOL), prefix, prefix.clone()), table
+    return DDTreeVerifyInputV2.build(hand_step(), table, torch.tensor(POOL), prefix, prefix.clone()), table
 
 
-def logits_for(target_next, width=6):
-    """One-hot logits [B * width, V] whose argmax after node i of request b is target_next[b][i];
-    rows past the tree's 6 nodes (padding) prefer token 63."""
-    rows = [row + [63] * (width - len(row)) for row in target_next]
-    return torch.nn.functional.one_hot(torch.tensor(rows).view(-1), VOCAB).float()
+def logits_for(target_next):
+    """One-hot logits [B * 6, V] whose argmax after node i of request b is target_next[b][i]."""
+    return torch.nn.functional.one_hot(torch.tensor(target_next).view(-1), VOCAB).float()
 
 
 def test_verify_input_holds_the_tree_its_positions_mask_and_slots(patched_sglang):
@@ -69,22 +67,10 @@ def test_verify_input_holds_the_tree_its_positions_mask_and_slots(patched_sglang
     assert first[5, 3:].tolist() == [True, True, False, True, False, True], "node 5 sees 0, 1, 3 and itself"
 
 
-def test_a_narrower_tree_is_padded_with_inert_nodes(patched_sglang):
-    verify, _ = build(width=8)
-    assert verify.draft_token_num == 8
-    assert verify.draft_token.view(2, 8)[:, 6:].tolist() == [[50, 50], [60, 60]], "padding repeats the root"
-    assert verify.positions.view(2, 8)[:, 6:].tolist() == [[3, 3], [5, 5]]
-    assert verify.node_slots[0].tolist() == [3003 + i for i in range(8)]
-    first = verify.custom_mask[: 8 * (3 + 8)].view(8, 11)
-    assert first[6, 3:].tolist() == [False] * 6 + [True, False], "a padding node attends to itself only"
-    assert not first[:6, 9:].any(), "no tree node attends to padding"
-
-
-@pytest.mark.parametrize("width", [6, 8])
-def test_greedy_acceptance_ignores_padding(patched_sglang, width):
-    verify, _ = build(width)
+def test_greedy_acceptance_walks_the_target_argmax(patched_sglang):
+    verify, _ = build()
     # Request 0 accepts 11 then 13, then the target offers 40; request 1 accepts 24 then offers 41.
-    logits = logits_for([[11, 13, 1, 40, 1, 1], [24, 1, 1, 1, 41, 1]], width)
+    logits = logits_for([[11, 13, 1, 40, 1, 1], [24, 1, 1, 1, 41, 1]])
     acceptance = verify.accept(logits, sampling_info=None, max_top_k=1)
     assert acceptance.rows[:, -1].tolist() == [2, 1]
     assert acceptance.path.tolist() == [[0, 1, 3, -1], [0, 4, -1, -1]]
@@ -115,15 +101,6 @@ def test_commit_permutes_the_row_and_returns_what_the_scheduler_reads(patched_sg
     assert commit.draft_hidden.view(-1).tolist()[4:6] == [106, 110]
 
 
-def test_commit_of_a_padded_verify_reads_the_tree_rows(patched_sglang):
-    verify, table = build(width=8)
-    acceptance = verify.accept(logits_for([[11, 13, 1, 40, 1, 1], [24, 1, 1, 1, 41, 1]], 8), None, 1)
-    hidden = torch.arange(16, dtype=torch.float32).view(16, 1)
-    commit = verify.commit(acceptance, table, torch.tensor(POOL), torch.tensor(PREFIX), hidden)
-    assert table[2, 3:11].tolist() == [3003, 3004, 3006, 3005, 3007, 3008, 3009, 3010]
-    assert commit.draft_hidden.view(2, 4)[:, :2].tolist() == [[0, 1], [8, 12]]
-
-
 def test_commit_reads_nothing_from_the_device(patched_sglang, monkeypatch):
     """No .item(), .tolist() or .cpu() of a device value in build, accept or commit: the CPU
     tensors stand in for device ones, and every host read is refused."""
@@ -140,20 +117,19 @@ def test_sampling_acceptance_keeps_to_the_tree_and_the_given_top_k(patched_sglan
 
     from k26_ddtree.sglang.common.verify_utils import target_probs
 
-    verify, _ = build(width=8)
+    verify, _ = build()
     torch.manual_seed(0)
-    logits = torch.randn(16, VOCAB)
+    logits = torch.randn(12, VOCAB)
     info = SimpleNamespace(is_all_greedy=False, temperatures=torch.ones(2, 1), top_ks=torch.tensor([3, 5]),
                            top_ps=torch.ones(2), need_top_k_sampling=True, need_top_p_sampling=False)
-    tree_logits = verify.tree_logits(logits)
-    assert torch.equal(target_probs(tree_logits, info, 6, max_top_k=5), target_probs(tree_logits, info, 6))
+    assert torch.equal(target_probs(logits, info, 6, max_top_k=5), target_probs(logits, info, 6))
     acceptance = verify.accept(logits, info, max_top_k=5)
     accept_len = acceptance.rows[:, -1]
     path = acceptance.path
     for b in range(2):
         nodes = path[b, : int(accept_len[b]) + 1].tolist()
         assert nodes[0] == 0 and all(PARENTS[b][c] == p for p, c in zip(nodes, nodes[1:]))
-    probs = target_probs(tree_logits, info, 6)
+    probs = target_probs(logits, info, 6)
     last = [int(path[b, int(accept_len[b])]) for b in range(2)]
     bonus = acceptance.rows[torch.arange(2), accept_len]
     assert all(probs[b, last[b], int(bonus[b])] > 0 for b in range(2)), "the bonus is within top-k"

@@ -212,15 +212,15 @@ def test_two_overlap_steps_verify_the_tree_and_commit_on_the_device(patched_sgla
     assert second == row[6 + commit_len:12 + commit_len].tolist(), "the next tree takes the slots past the path"
 
 
-def test_a_schedule_pads_narrow_trees_and_serves_a_chain_bucket_as_the_top1_tree(patched_sglang, monkeypatch):
+def test_each_bucket_verifies_at_its_own_width_and_a_chain_bucket_at_the_block(patched_sglang, monkeypatch):
     args = server_args(budget_schedule="1:8/2,2:0")
     worker, seen = make_worker(patched_sglang, monkeypatch, args, draft_rows([[10, 11], [12, 13], [14, 15]], 2),
                                lambda b, path: 31)
-    assert worker._ddtree.verify_width == 9
     worker.forward_batch_generation(decode_batch([6, 9], [9, 7], [Req("a"), Req("b")]))
     chain = seen.verifies[0]
-    assert chain.draft_token_num == 9 and chain.step.tree.tokens.tolist() == [[9, 10, 12, 14], [7, 10, 12, 14]]
-    assert chain.draft_token.view(2, 9)[0].tolist() == [9, 10, 12, 14] + [9] * 5
+    assert chain.draft_token_num == chain.num_tokens_per_req == BLOCK, "the chain bucket verifies the block"
+    assert chain.draft_token.view(2, BLOCK).tolist() == [[9, 10, 12, 14], [7, 10, 12, 14]], "the drafter's argmax"
+    assert seen.target.forwards[0].seq_lens_cpu.tolist() == [6 + BLOCK, 9 + BLOCK]
 
     worker._draft_block_ids_buf = None
     one = decode_batch([6], [9], [Req("a")])
@@ -228,8 +228,10 @@ def test_a_schedule_pads_narrow_trees_and_serves_a_chain_bucket_as_the_top1_tree
         logits_output=SimpleNamespace(hidden_states=draft_rows([[10, 11], [12, 13], [14, 15]], 1)),
         can_run_graph=False)
     result = worker.forward_batch_generation(one)
-    assert seen.verifies[1].step.tree.tokens.shape == (1, 9) and result.accept_lens.tolist() == [1]
-    assert result.next_token_ids.tolist()[:1] == [31]
+    tree = seen.verifies[1]
+    assert tree.draft_token_num == 9 and tree.step.tree.tokens.shape == (1, 9), "budget 8 + the root, unpadded"
+    assert seen.target.forwards[1].seq_lens_cpu.tolist() == [6 + 9], "the host bound of the step's own width"
+    assert result.accept_lens.tolist() == [1] and result.next_token_ids.tolist()[:1] == [31]
 
 
 def test_traced_steps_record_the_committed_tokens_per_request(patched_sglang, monkeypatch, tmp_path):
