@@ -16,7 +16,7 @@ import sys
 from collections.abc import Collection
 
 from k26_ddtree.errors import UserError
-from k26_ddtree.repro.sglang_versions import PINS, pins_for
+from k26_ddtree.repro.sglang_versions import PINS, KnownFailure, pins_for
 
 USAGE = "usage: python -m k26_ddtree.deploy.pairings [--sglang VERSION] [--profile PROFILE]"
 
@@ -24,19 +24,23 @@ USAGE = "usage: python -m k26_ddtree.deploy.pairings [--sglang VERSION] [--profi
 def refusal(version: str, profiles: Collection[str]) -> str | None:
     """Why SGLang `version` must not serve the hardware of `profiles` (shipped profile names); None
     when nothing is known against it."""
+    found = _failure(version, profiles)
+    if found is None:
+        return None
+    failure, name = found
+    usable = [v for v in PINS if _failure(v, profiles) is None]
+    instead = (f"use --sglang {' or '.join(usable)}" if usable
+               else "no SGLang version k26-ddtree installs is known to run there")
+    return f"SGLang {version} is known to fail on the {failure.hardware} of profile {name}: {failure.reports}; {instead}"
+
+
+def _failure(version: str, profiles: Collection[str]) -> tuple[KnownFailure, str] | None:
+    """The first known failure of `version` on one of `profiles`, with that profile."""
     for failure in PINS[version].fails_on:
-        named = [name for name in failure.profiles if name in profiles]
-        if named:
-            usable = [v for v in PINS if not _fails(v, profiles)]
-            instead = (f"use --sglang {' or '.join(usable)}" if usable
-                       else "no SGLang version k26-ddtree installs is known to run there")
-            return (f"SGLang {version} is known to fail on the {failure.hardware} of profile {named[0]}: "
-                    f"{failure.reports}; {instead}")
+        for name in failure.profiles:
+            if name in profiles:
+                return failure, name
     return None
-
-
-def _fails(version: str, profiles: Collection[str]) -> bool:
-    return any(name in profiles for failure in PINS[version].fails_on for name in failure.profiles)
 
 
 def _shipped_name(profile: str) -> list[str]:

@@ -4,9 +4,9 @@ A profile is a base plus overrides. Shipped profiles live in deploy/profiles/
 (found through k26_ddtree.resources); a user's own YAML may extend a shipped
 name or another file. The keys, their types and defaults are the dataclasses of
 k26_ddtree.deploy.schema; this module adds what types alone cannot say (ranges,
-relations between keys, the SGLang version and its choices, addresses and URLs), and
-that no value reaches a command line as a flag of its own. Every mistake is a UserError naming
-the file and the key, never a traceback.
+relations between keys, the SGLang version and its choices, addresses and URLs),
+and that no value reaches a command line as a flag of its own. Every mistake is a
+UserError naming the file and the key, never a traceback.
 """
 
 from __future__ import annotations
