@@ -4,7 +4,8 @@
 #   bash env/quickstart.sh [--profile P] [--venv PATH] [--sglang VERSION] [--set KEY=VALUE]...
 #
 # 1. set up the venv (env/setup_env.sh: full CUDA stack on a GPU box, sglang sources only without GPUs;
-#    --sglang picks the SGLang version and its pins, an unknown one is refused before anything runs)
+#    --sglang picks the SGLang version and its pins; an unknown one, or one known to fail on the
+#    --profile's hardware, is refused before anything runs)
 # 2. patch the pinned SGLang and verify it (k26-deploy apply: needs a patch set for that version)
 # 3. take --profile or the one `k26-deploy detect` suggests (no GPUs: pcie-ep8, for a dry render)
 # 4. render the systemd unit and validate it (k26-deploy render)
@@ -45,6 +46,15 @@ case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
 PY=${PYTHON:-python3}
 if [ -n "$SGLANG" ] && command -v "$PY" >/dev/null 2>&1; then
   if ! ERR=$(PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.repro.sglang_versions "$SGLANG" 2>&1 >/dev/null); then
+    echo "quickstart: $ERR" >&2
+    exit 2
+  fi
+fi
+# So does the hardware each is known to fail on: a version that fails on a shipped --profile's is
+# refused here too (a profile file's `extends:` chain needs the venv: render checks it in step 4).
+if [ -n "$PROFILE" ] && command -v "$PY" >/dev/null 2>&1; then
+  if ! ERR=$(PYTHONPATH="$ROOT" "$PY" -m k26_ddtree.deploy.pairings ${SGLANG:+--sglang "$SGLANG"} \
+               --profile "$PROFILE" 2>&1 >/dev/null); then
     echo "quickstart: $ERR" >&2
     exit 2
   fi

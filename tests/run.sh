@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 V17=tests/sglang_cpu/v0_5_17
+# Reads SGLang's own parser of the process's version (K26_SGLANG_VERSION): the full run runs it in both.
+V17_TOO=tests/deploy/test_deploy_sglang_parser.py
 
 # make_venv VENV SGLANG_REQUIREMENTS: the venv with torch, the toolkit and the test needs.
 make_venv() {
@@ -70,7 +72,7 @@ fi
 if [ "$v17" = 1 ]; then
   echo "tests/run.sh: SGLang 0.5.17's tests ($V17)"
   make_venv .cache/test-venv-0.5.17 env/requirements-sglang-cpu-0.5.17.txt || exit 1
-  if [ "$main" = 1 ]; then set -- "$@" "$V17"; fi
+  if [ "$main" = 1 ]; then set -- "$@" "$V17" "$V17_TOO"; fi
   K26_SGLANG_VERSION=0.5.17 .cache/test-venv-0.5.17/bin/python -m pytest -q -ra "$@" || status=$?
 fi
 exit "$status"

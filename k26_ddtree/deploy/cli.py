@@ -167,6 +167,16 @@ def _detect(args) -> int:
     return 0
 
 
+def _installed_sglang(profile):
+    """The profile written for the SGLang its python has (a note on stderr when the profile names another)."""
+    from k26_ddtree.deploy.installed import for_installed_sglang
+
+    profile, note = for_installed_sglang(profile)
+    if note:
+        print(f"k26-deploy: note: {note}", file=sys.stderr, flush=True)
+    return profile
+
+
 def _render(args) -> int:
     from k26_ddtree.deploy.profiles import load_profile
     from k26_ddtree.deploy.service import check_model_dirs
@@ -181,6 +191,7 @@ def _render(args) -> int:
         text = render_router(profile, unit)
     else:
         check_model_dirs(profile, args.allow_missing_model)
+        profile = _installed_sglang(profile)
         unit = args.unit or SERVICE_UNIT
         text = render_service(profile, unit)
     if not args.no_verify:
@@ -205,6 +216,7 @@ def _install(args) -> int:
                         f"got {str(args.unit_dir)!r}")
     profile = load_profile(args.profile, args.set)
     check_model_dirs(profile, args.allow_missing_model)
+    profile = _installed_sglang(profile)
     root = Path(args.root).resolve() if args.root else None
     return install(profile, args.unit, args.unit_dir, root, args.start, args.enable,
                    state_dir(args.state_dir), _say)
@@ -231,7 +243,7 @@ def _reconfigure(args) -> int:
         unit_path = installed_unit(args.unit)
         profile = with_sets(profile_from_unit(unit_path.read_text(encoding="utf-8"), str(unit_path)), sets)
     check_model_dirs(profile, args.allow_missing_model)
-    return reconfigure(profile, args.unit, state_dir(args.state_dir), args.dry_run, _say)
+    return reconfigure(_installed_sglang(profile), args.unit, state_dir(args.state_dir), args.dry_run, _say)
 
 
 def _refuse_overlap(explicit: list[str], implied: list[str], args) -> None:

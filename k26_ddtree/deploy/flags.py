@@ -5,9 +5,12 @@ flag that takes several words (the router's --worker-urls), so the unit template
 can lay them out one per line and the tests can check every name and value
 against the pinned SGLang argument parser.
 
-extra_args go through extra_args_problem(), which reads them the way SGLang's
-argparse does (the pinned parser's table in sglang_cli): they may add flags but
-not override one a key sets, however spelled, nor carry a secret.
+Flags are written for the profile's SGLang version (sglang_version): keys set flags
+as SERVER_FLAG_KEYS spells them (SGLang 0.5.11's spelling), and a version that keeps
+one only as a deprecated alias gets the words that replace it (RESPELLED). extra_args go through
+extra_args_problem(), which reads them the way that version's argparse does (its
+table in sglang_cli): they may add flags but not override one a key sets, however
+spelled, nor carry a secret.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import difflib
 import re
 
 from k26_ddtree.deploy.schema import Profile
-from k26_ddtree.deploy.sglang_cli import OPTIONS
+from k26_ddtree.deploy.sglang_cli import ServerCli, for_version
 
 Flag = tuple[str, "str | list[str] | None"]
 
@@ -72,9 +75,21 @@ ROUTER_FLAG_KEYS = {
     "--policy": "router.policy",
     "--api-key": "api_key",
 }
+# How a version that keeps a flag of SERVER_FLAG_KEYS only as a deprecated alias spells it: the words
+# that mean the same there, each taking the flag's value (none for a switch). tests/deploy parse both
+# spellings with that version's own parser.
+RESPELLED = {
+    "--cuda-graph-max-bs": ("--cuda-graph-max-bs-decode",),
+    "--speculative-dflash-draft-window-size": ("--speculative-draft-window-size",),
+    # SGLang's notice says --cuda-graph-backend-{decode,prefill}=disabled: the per-phase switches set the
+    # same, and leave --cuda-graph-backend-* to extra_args.
+    "--disable-cuda-graph": ("--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"),
+}
 # SGLang flags extra_args may not carry although no key sets them, and why.
 REFUSED_FLAGS = {
     "--config": "reads further flags from a file, past every check of the profile",
+    "--cuda-graph-config": "sets the CUDA graphs past the keys cuda_graph and cuda_graph_max_bs (its JSON wins "
+                           "over every flag)",
     "--help": "prints the usage and exits instead of serving",
 }
 # A flag or variable whose name ends in one of these words carries a secret (--api-key,
@@ -84,8 +99,6 @@ SECRET_WORDS = ("key", "token", "secret", "password")
 TEXT_TOKEN_FLAGS = ("--bucket-time-to-first-token", "--kt-max-deferred-experts-per-token")
 # What argparse takes for a value although it starts with "-" (a parser without negative-number options).
 _NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
-# Each option string of SGLang's parser -> all option strings of its argument (--ep -> --expert-parallel-size, ...).
-ALIASES = {option: group for group in OPTIONS for option in group}
 
 
 def server_flags(profile: Profile) -> list[Flag]:
@@ -93,7 +106,37 @@ def server_flags(profile: Profile) -> list[Flag]:
 
 
 def keyed_server_flags(profile: Profile) -> list[Flag]:
-    """The server flags profile keys set (all but extra_args); each is in SERVER_FLAG_KEYS."""
+    """The server flags profile keys set (all but extra_args), as the profile's SGLang version spells them."""
+    cli = for_version(profile.sglang_version)
+    return [(word, value) for flag, value in _keyed(profile) for word in _spelling(flag, cli)]
+
+
+def owned_flags(cli: ServerCli) -> dict[str, str]:
+    """Each flag a profile key sets in SGLang `cli.version`, in every spelling it renders -> that key."""
+    return {word: key for flag, key in SERVER_FLAG_KEYS.items()
+            for word in {flag, *_spelling(flag, cli)} if word in cli.aliases}
+
+
+def spelling_problem(profile: Profile, cli: ServerCli) -> tuple[str, str] | None:
+    """(key, why) for the first flag the profile's keys set that SGLang `cli.version` has no spelling of."""
+    for flag, _ in _keyed(profile):
+        key = SERVER_FLAG_KEYS[flag]
+        if flag in cli.deprecated and flag not in RESPELLED:
+            notice = f"use {cli.deprecated[flag]}" if cli.deprecated[flag] else "with no replacement"
+            return key, (f"sets {flag}, which SGLang {cli.version} deprecates ({notice}): k26-deploy cannot write "
+                         "it there")
+        for word in _spelling(flag, cli):
+            if word not in cli.aliases:
+                return key, f"sets {word}, which SGLang {cli.version} does not have"
+    return None
+
+
+def _spelling(flag: str, cli: ServerCli) -> tuple[str, ...]:
+    return RESPELLED[flag] if flag in cli.deprecated and flag in RESPELLED else (flag,)
+
+
+def _keyed(profile: Profile) -> list[Flag]:
+    """The flags keys set, spelled as SERVER_FLAG_KEYS names them."""
     par, spec = profile.parallel, profile.speculative
     flags: list[Flag] = [
         ("--model-path", profile.model),
@@ -183,13 +226,14 @@ def _split_extra(args: tuple[str, ...]) -> list[Flag]:
     return pairs
 
 
-def extra_args_problem(args: tuple[str, ...]) -> str | None:
-    """Why extra_args would set, to SGLang's parser, a flag the profile owns, a secret or a refused flag,
-    or hold a word it takes for no flag at all; None when they are fine.
+def extra_args_problem(args: tuple[str, ...], cli: ServerCli) -> str | None:
+    """Why extra_args would set, to the parser of SGLang `cli.version`, a flag the profile owns, a secret or a
+    refused flag, or hold a word it takes for no flag at all; None when they are fine.
 
     A word starting with "-" is read the way argparse reads it: its name before any "=", an exact
     option string (or alias), else the one option that name is a prefix of (allow_abbrev is on).
     """
+    aliases, owned = cli.aliases, owned_flags(cli)
     for word in args:
         if word == "-" or _NEGATIVE_NUMBER.fullmatch(word) or not word.startswith("-"):
             continue  # a value
@@ -197,17 +241,17 @@ def extra_args_problem(args: tuple[str, ...]) -> str | None:
         name = word.partition("=")[0]
         if not name.startswith("--") or len(name) == 2:
             return f"{entry} is not an SGLang flag (those are --name)"
-        found = [name] if name in ALIASES else [o for o in ALIASES if o.startswith(name)]
+        found = [name] if name in aliases else [o for o in aliases if o.startswith(name)]
         if not found:
-            close = difflib.get_close_matches(name, list(ALIASES), n=1)
-            return f"{entry} is not an SGLang 0.5.11 flag" + (f" (did you mean {close[0]}?)" if close else "")
+            close = difflib.get_close_matches(name, list(aliases), n=1)
+            return f"{entry} is not an SGLang {cli.version} flag" + (f" (did you mean {close[0]}?)" if close else "")
         if len(found) > 1:
             shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
             return f"{entry}: {name} is ambiguous to SGLang's parser ({shown}); spell the flag out"
         if found[0] != name:
             entry += f" (SGLang reads {name} as {found[0]})"
-        for alias in ALIASES[found[0]]:
-            key = SERVER_FLAG_KEYS.get(alias)
+        for alias in aliases[found[0]]:
+            key = owned.get(alias)
             if key == "api_key":
                 return (f"{entry} sets the API key, which would be plain text in the unit file: set api_key: true "
                         "instead (the key then comes from K26_API_KEY in env_file, mode 0600)")

@@ -4,9 +4,9 @@ A profile is a base plus overrides. Shipped profiles live in deploy/profiles/
 (found through k26_ddtree.resources); a user's own YAML may extend a shipped
 name or another file. The keys, their types and defaults are the dataclasses of
 k26_ddtree.deploy.schema; this module adds what types alone cannot say (ranges,
-relations between keys, SGLang's choices, addresses and URLs), and that no value
-reaches a command line as a flag of its own. Every mistake is a UserError naming
-the file and the key, never a traceback.
+relations between keys, the SGLang version and its choices, addresses and URLs),
+and that no value reaches a command line as a flag of its own. Every mistake is a
+UserError naming the file and the key, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ from urllib.parse import urlsplit
 
 from k26_ddtree import jsonread
 from k26_ddtree.core import budget, schedule
-from k26_ddtree.deploy import values
+from k26_ddtree.deploy import pairings, values
 from k26_ddtree.deploy.flags import (
-    ROUTER_FLAG_KEYS, ROUTER_POLICIES, SERVER_FLAG_KEYS, extra_args_problem, is_secret_name, keyed_server_flags,
-    router_flags,
+    ROUTER_FLAG_KEYS, ROUTER_POLICIES, extra_args_problem, is_secret_name, keyed_server_flags, owned_flags,
+    router_flags, spelling_problem,
 )
 from k26_ddtree.deploy.schema import Profile, Speculative, keys
-from k26_ddtree.deploy.sglang_cli import CHOICES
+from k26_ddtree.deploy.sglang_cli import for_version
 from k26_ddtree.deploy.yamlread import read_yaml
 from k26_ddtree.errors import UserError
+from k26_ddtree.repro.sglang_versions import PINS, known
 from k26_ddtree.resources import data_path
 
 ALGORITHMS = ("DDTREE", "DFLASH")
@@ -47,6 +48,12 @@ def profiles_dir() -> Path:
 def shipped_names() -> list[str]:
     """The hardware profiles (base.yaml is only something to extend)."""
     return sorted(p.stem for p in profiles_dir().glob("*.yaml") if p.stem != "base")
+
+
+def hardware_names(profile: Profile) -> list[str]:
+    """The shipped profiles `profile` is or extends: the hardware it is written for."""
+    shipped = profiles_dir().resolve()
+    return [Path(source).stem for source in profile.sources if Path(source).resolve().parent == shipped]
 
 
 def load_profile(ref: str, sets: list[str] | None = None) -> Profile:
@@ -105,6 +112,7 @@ def check_values(profile: Profile, origin: str) -> None:
     def bad(key: str, why: str) -> UserError:
         return UserError(f"{origin}: {key} {why}")
 
+    _check_sglang_version(profile, origin)
     if not 1 <= profile.port <= 65535:
         raise bad("port", f"must be 1..65535, got {profile.port}")
     if not 1 <= profile.router.port <= 65535:
@@ -134,6 +142,16 @@ def check_values(profile: Profile, origin: str) -> None:
     _check_command_lines(profile, bad)
 
 
+def _check_sglang_version(profile: Profile, origin: str) -> None:
+    """A version k26-ddtree installs, not known to fail on the profile's hardware."""
+    version = profile.sglang_version
+    if version not in PINS:
+        raise UserError(f"{origin}: sglang_version must be one of {known()}, got {version!r}")
+    problem = pairings.refusal(version, hardware_names(profile))
+    if problem:
+        raise UserError(f"{origin}: sglang_version {version}: {problem}")
+
+
 def _check_command_lines(profile: Profile, bad) -> None:
     """No flag hidden in a value, none that extra_args must not set, no secret in the unit file."""
     for name in profile.environment:
@@ -143,11 +161,15 @@ def _check_command_lines(profile: Profile, bad) -> None:
     extra = profile.extra_args
     if extra and not extra[0].startswith("--"):
         raise bad("extra_args", f"must start with a --flag, got {extra[0]!r}")
-    problem = extra_args_problem(extra)
+    cli = for_version(profile.sglang_version)
+    problem = extra_args_problem(extra, cli)
     if problem:
         raise bad("extra_args", problem)
+    unspellable = spelling_problem(profile, cli)
+    if unspellable:
+        raise bad(*unspellable)
     # Whatever a key holds, no value of it may reach a command line as a flag of its own.
-    for flags, owners in ((keyed_server_flags(profile), SERVER_FLAG_KEYS), (router_flags(profile), ROUTER_FLAG_KEYS)):
+    for flags, owners in ((keyed_server_flags(profile), owned_flags(cli)), (router_flags(profile), ROUTER_FLAG_KEYS)):
         for flag, value in flags:
             for word in [value] if isinstance(value, str) else value or []:
                 if word.startswith("-"):
@@ -171,14 +193,15 @@ def _check_addresses(profile: Profile, bad) -> None:
 
 
 def _check_choices(profile: Profile, bad) -> None:
+    choices = for_version(profile.sglang_version).choices
     if profile.speculative.algorithm == "DDTREE" and profile.attention_backend != DDTREE_ATTENTION_BACKEND:
         raise bad("attention_backend", f"must be {DDTREE_ATTENTION_BACKEND} with speculative.algorithm DDTREE "
                                        f"(its tree verify needs a tree mask), got {profile.attention_backend!r}")
     for key, value, choices in (
-        ("attention_backend", profile.attention_backend, CHOICES["--attention-backend"]),
-        ("parallel.moe_a2a_backend", profile.parallel.moe_a2a_backend, CHOICES["--moe-a2a-backend"]),
-        ("tool_call_parser", profile.tool_call_parser, CHOICES["--tool-call-parser"]),
-        ("reasoning_parser", profile.reasoning_parser, CHOICES["--reasoning-parser"]),
+        ("attention_backend", profile.attention_backend, choices["--attention-backend"]),
+        ("parallel.moe_a2a_backend", profile.parallel.moe_a2a_backend, choices["--moe-a2a-backend"]),
+        ("tool_call_parser", profile.tool_call_parser, choices["--tool-call-parser"]),
+        ("reasoning_parser", profile.reasoning_parser, choices["--reasoning-parser"]),
         ("router.policy", profile.router.policy, ROUTER_POLICIES),
     ):
         if value is not None and value not in choices:

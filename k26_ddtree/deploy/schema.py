@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
+from k26_ddtree.repro.sglang_versions import DEFAULT as DEFAULT_SGLANG
+
 # An absolute path, spelled as a string: it is written into the unit as it is.
 AbsPath = NewType("AbsPath", str)
 
@@ -101,8 +103,11 @@ class Profile:
 
     description: str = key("Kimi K2.6, DFlash drafter, DDTree verify",
                            "the unit's Description= (with the profile name), shown by systemctl status")
-    python: AbsPath | None = key(None, "the venv python with the patched sglang 0.5.11 and k26-ddtree; "
+    python: AbsPath | None = key(None, "the venv python with the patched sglang and k26-ddtree; "
                                        "null: the python running k26-deploy")
+    sglang_version: str = key(DEFAULT_SGLANG, "the SGLang version this box runs, one k26-ddtree installs "
+                                              "(`--sglang`); render writes the flags of the version python has, "
+                                              "else of this one")
     model: AbsPath = key("/models/Kimi-K2.6", "Kimi K2.6 (from `k26-deploy fetch-model`)")
     drafter: AbsPath = key("/models/Kimi-K2.6-DFlash", "its DFlash drafter (from `k26-deploy fetch-model`)")
     served_model_name: str = key("kimi-k2.6", "the name /v1/models reports")
@@ -131,8 +136,8 @@ class Profile:
     reasoning_parser: str | None = key("kimi_k2", "--reasoning-parser, one of SGLang's; null: none")
     skip_server_warmup: bool = key(True, "text-only start: the vision warm-up needs a kernel these boxes lack")
     enable_metrics: bool = key(True, "Prometheus /metrics")
-    extra_args: tuple[str, ...] = key((), "further SGLang 0.5.11 flags, verbatim; none a key here sets (in any "
-                                          "spelling or abbreviation), no secret, no --config")
+    extra_args: tuple[str, ...] = key((), "further flags of that SGLang version, verbatim; none a key here sets "
+                                          "(in any spelling or abbreviation), no secret, no --config")
     service: Service = section(Service, "the systemd unit: bounded waits, restarts, limits")
     router: Router = section(Router, "`render --router`: SGLang's router in front of replicas on several machines")
 
@@ -144,7 +149,7 @@ class Profile:
             tree += f", block {spec.block_size}, spine {spine}"
         else:
             tree = f"linear DFlash, block {spec.block_size}"
-        return f"{self.name} ({tree})"
+        return f"{self.name} ({tree}, SGLang {self.sglang_version})"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,16 @@ DEFAULT = "0.5.11"
 
 
 @dataclass(frozen=True)
+class KnownFailure:
+    """Hardware an SGLang version is known to fail on: render, install and env/quickstart.sh refuse
+    that version for the shipped profiles of that hardware (k26_ddtree/deploy/pairings.py)."""
+
+    hardware: str
+    profiles: tuple[str, ...]  # the shipped profiles for that hardware, and the profiles extending them
+    reports: str  # what fails there, naming the upstream reports
+
+
+@dataclass(frozen=True)
 class SglangPins:
     """One SGLang version and the exact releases installed with it."""
 
@@ -35,6 +45,7 @@ class SglangPins:
     # imports beyond a CUDA image that already has torch, triton, numpy, safetensors, requests,
     # aiohttp, uvloop, psutil, pillow, ... (docs/sglang-on-the-h200.md).
     bundle: tuple[str, ...]
+    fails_on: tuple[KnownFailure, ...] = ()
 
     def bundled(self, name: str) -> str:
         """The bundle's pinned version of `name` (e.g. "sglang-kernel")."""
@@ -116,7 +127,17 @@ PINS = {pins.sglang: pins for pins in (
             "xgrammar==0.2.1",
             *_SERVING,
             "apache-tvm-ffi==0.1.11",
-        )),
+        ),
+        # Both reports are of other models on B300 (Kimi-K3, GLM-5). Every unquantized BF16 linear takes
+        # that GEMM (layers/quantization/unquant.py), the DFlash drafter's among them.
+        fails_on=(KnownFailure(
+            hardware="8x B300 (sm_103)",
+            profiles=("nvlink-tp8-nvls",),
+            reports="--bf16-gemm-backend auto picks the CuTeDSL TGV BF16 GEMM on SM103, which raises Xid 13 "
+                    "\"CTA Not Present\" on B300 with flashinfer 0.6.15.post1 (SGLang #34340, open), and draft "
+                    "CUDA-graph capture on sm_103 crashes in an sm100f trtllm batched GEMM since 0.5.12's "
+                    "flashinfer (SGLang #25563)",
+        ),)),
 )}
 
 

@@ -216,7 +216,7 @@ def test_a_schedule_replaces_budget_and_topk_in_the_unit():
     assert "--speculative-ddtree-budget-schedule 1:32/8,4:16/4,16:8/4,64:0" in proc.stdout
     assert "--speculative-ddtree-budget " not in proc.stdout and "--speculative-ddtree-topk" not in proc.stdout
     profile = with_sets(load_profile("pcie-ep8"), ["speculative.schedule=1:8/4,16:0"])
-    assert profile.summary() == "pcie-ep8 (schedule 1:8/4,16:0, block 8, spine off)"
+    assert profile.summary() == "pcie-ep8 (schedule 1:8/4,16:0, block 8, spine off, SGLang 0.5.11)"
 
 
 @pytest.mark.parametrize(

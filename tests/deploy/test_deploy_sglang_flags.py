@@ -1,12 +1,14 @@
-"""Every flag a profile emits exists in the pinned SGLang 0.5.11 parser (plus our patch's DDTree flags).
+"""The flags profiles render, per SGLang version, against that version's table, and each table
+against its pinned wheel with the patch set applied; the router's flags against the pinned router.
 
-Read from the real server_args.py of the pinned wheel (or that file with the
-patch set's diff applied, with the flags k26_ddtree/sglang/v0_5_11/args.py registers),
-by AST: no sglang import, no GPU.
+Nothing here imports sglang: the tables are read from the real sources by AST
+(k26_ddtree.deploy.sglanggen), and test_deploy_sglang_parser.py holds each table to SGLang's
+own parser.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,25 +16,19 @@ import sys
 
 import pytest
 
-from deploy_helpers import REPO, k26, one_line_error
-from sglang_source import (
-    DDTREE_ARGS_MODULE, DDTREE_FLAGS, Arg, dict_keys, parser_args, patched_server_args, unpacked_wheel,
-    wheel_source,
-)
+from deploy_helpers import k26, one_line_error
+from sglang_source import unpacked_wheel
 
 from k26_ddtree.deploy import sglanggen
 from k26_ddtree.deploy.flags import (
-    ALIASES, API_KEY_REFERENCE, REFUSED_FLAGS, ROUTER_PACKAGE, ROUTER_POLICIES, SERVER_FLAG_KEYS, is_secret_name,
-    router_flags, server_flags,
+    API_KEY_REFERENCE, RESPELLED, ROUTER_PACKAGE, ROUTER_POLICIES, router_flags, server_flags, spelling_problem,
 )
-from k26_ddtree.deploy.profiles import load_profile, shipped_names
-from k26_ddtree.deploy.schema import Profile
-from k26_ddtree.deploy.sglang_cli import CHOICES, OPTIONS
-from k26_ddtree.deploy.values import dotted_keys
-from k26_ddtree.patchset.wheel import shipped_wheel
+from k26_ddtree.deploy.profiles import load_profile, profiles_dir, shipped_names
+from k26_ddtree.deploy.sglang_cli import ServerCli, for_version, versions
+from k26_ddtree.patchset.pins import shipped_versions
+from k26_ddtree.repro.sglang_versions import PINS
 
 pytestmark = pytest.mark.network
-STUBS = REPO / "tests" / "sglang_cpu" / "stubs"
 
 VARIANTS = [
     [],
@@ -41,55 +37,40 @@ VARIANTS = [
     ["mem_fraction_static=0.85", "context_length=65536", "max_running_requests=32"],
     ["speculative.algorithm=DFLASH", "extra_args=--chunked-prefill-size,8192,--enable-cache-report"],
     ["speculative.trace=/var/lib/k26-ddtree/trace.bin", "speculative.trace_max_mb=64"],
+    ["speculative.schedule=1:8/4,16:0"],
 ]
+VARIANT_IDS = ["shipped", "switches", "multi-node", "limits", "dflash-extra", "trace", "schedule"]
 
 
-@pytest.fixture(scope="module")
-def sglang_parser() -> dict[str, Arg]:
-    pristine = parser_args(wheel_source("sglang/srt/server_args.py"))
-    assert "--speculative-dflash-block-size" in pristine and "--tp-size" in pristine, "AST read found the parser"
-    patched_source = patched_server_args()
-    if patched_source is not None:
-        patched = parser_args(patched_source)
-        if DDTREE_ARGS_MODULE.is_file():
-            patched.update(parser_args(DDTREE_ARGS_MODULE.read_text(encoding="utf-8")))
-        for flag, kind in DDTREE_FLAGS.items():
-            assert flag in patched and patched[flag].switch == (kind == "switch"), f"the patch defines {flag}"
-        return patched
-    merged = dict(pristine)
-    for flag, kind in DDTREE_FLAGS.items():
-        assert flag not in pristine, f"{flag} is ours, not SGLang's"
-        merged[flag] = Arg(switch=kind == "switch", choices=None)
-    algorithm = pristine["--speculative-algorithm"]
-    merged["--speculative-algorithm"] = Arg(algorithm.switch, algorithm.choices | {"DDTREE"})
-    return merged
+def for_version_of(name: str, sets: list[str], version: str):
+    """A shipped profile with `sets`, written for SGLang `version` whatever pairings refuse (its flags are
+    what matter here; test_deploy_sglang_versions.py covers the refusals)."""
+    return dataclasses.replace(load_profile(name, sets), sglang_version=version)
 
 
-@pytest.fixture(scope="module")
-def parser_names() -> dict[str, set[str]]:
-    """Choices SGLang computes at import time from its parser registries."""
-    return {
-        "--tool-call-parser": dict_keys(wheel_source("sglang/srt/function_call/function_call_parser.py"),
-                                        "ToolCallParserEnum"),
-        "--reasoning-parser": dict_keys(wheel_source("sglang/srt/parser/reasoning_parser.py"), "DetectorMap"),
-    }
+def test_every_version_k26_ddtree_installs_has_a_patch_set_and_a_flag_table():
+    assert sorted(PINS) == shipped_versions() == versions()
 
 
-@pytest.mark.parametrize("sets", VARIANTS, ids=["shipped", "switches", "multi-node", "limits", "dflash-extra", "trace"])
+@pytest.mark.parametrize("version", shipped_versions())
+def test_the_committed_table_is_generated_from_the_pinned_wheel_and_patch_set(version):
+    committed = sglanggen.target(version).read_text(encoding="utf-8")
+    assert committed == sglanggen.table_text(version, sglanggen.patched_reader(version)), (
+        f"{sglanggen.target(version)} is stale: run python -m k26_ddtree.deploy.sglanggen {version}")
+
+
+@pytest.mark.parametrize("version", shipped_versions())
+@pytest.mark.parametrize("sets", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("name", shipped_names())
-def test_profile_flags_exist_in_the_pinned_parser(name, sets, sglang_parser, parser_names):
-    flags = server_flags(load_profile(name, sets))
+def test_every_flag_a_profile_renders_is_one_of_its_versions_own(name, sets, version):
+    cli = for_version(version)
+    profile = for_version_of(name, sets, version)
+    assert spelling_problem(profile, cli) is None
+    flags = [flag for flag, _ in server_flags(profile)]
     assert flags, "a profile emits flags"
-    for flag, value in flags:
-        assert flag in sglang_parser, f"{name} {sets}: {flag} is not an SGLang 0.5.11 (+DDTree) flag"
-        arg = sglang_parser[flag]
-        if arg.switch:
-            assert value is None, f"{flag} is a switch in SGLang but the profile gives it {value!r}"
-            continue
-        assert value is not None, f"{flag} takes a value in SGLang but the profile emits it bare"
-        choices = parser_names.get(flag, arg.choices)
-        if choices is not None:
-            assert value in choices, f"{flag} {value!r} is not one of SGLang's choices {sorted(choices)}"
+    for flag in flags:
+        assert flag in cli.aliases, f"{name} {sets}: {flag} is not an SGLang {version} (+DDTree) flag"
+        assert flag not in cli.deprecated, f"{name} {sets}: {flag} is deprecated in SGLang {version}"
 
 
 def test_the_issue_flags_are_emitted_with_their_values():
@@ -103,7 +84,7 @@ def test_the_issue_flags_are_emitted_with_their_values():
     assert emitted["--tool-call-parser"] == emitted["--reasoning-parser"] == "kimi_k2"
     for switch in ("--trust-remote-code", "--skip-server-warmup", "--enable-metrics"):
         assert emitted[switch] is None
-    assert "--cuda-graph-max-bs" in emitted and "--api-key" not in emitted
+    assert emitted["--cuda-graph-max-bs"] == "16" and "--api-key" not in emitted
     assert "--speculative-ddtree-trace" not in emitted and emitted["--speculative-ddtree-trace-max-mb"] == "1024"
     traced = dict(server_flags(load_profile("pcie-ep8", ["speculative.trace=/var/lib/k26-ddtree/t.bin",
                                                          "speculative.trace_max_mb=64"])))
@@ -111,6 +92,70 @@ def test_the_issue_flags_are_emitted_with_their_values():
     assert traced["--speculative-ddtree-trace-max-mb"] == "64"
     nvlink = dict(server_flags(load_profile("nvlink-tp8-nvls")))
     assert "--enable-nccl-nvls" in nvlink and "--ep-size" not in nvlink
+    assert "--disable-cuda-graph" in dict(server_flags(load_profile("pcie-ep8", ["cuda_graph=false"])))
+
+
+def test_sglang_0_5_17_gets_the_spellings_that_replace_its_deprecated_aliases():
+    cli = for_version("0.5.17")
+    assert {flag: cli.deprecated[flag] for flag in RESPELLED} == {
+        "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
+        "--speculative-dflash-draft-window-size": "--speculative-draft-window-size",
+        "--disable-cuda-graph": "--cuda-graph-backend-{decode,prefill}=disabled",
+    }
+    emitted = server_flags(load_profile("pcie-ep8", ["sglang_version=0.5.17"]))
+    assert ("--cuda-graph-max-bs-decode", "16") in emitted and ("--speculative-draft-window-size", "2048") in emitted
+    names = [flag for flag, _ in emitted]
+    assert "--cuda-graph-max-bs" not in names and "--speculative-dflash-draft-window-size" not in names
+    assert names.index("--speculative-draft-window-size") == names.index("--speculative-dflash-block-size") + 1
+    off = [flag for flag, _ in server_flags(load_profile("pcie-ep8", ["sglang_version=0.5.17", "cuda_graph=false"]))]
+    assert "--disable-cuda-graph" not in off
+    assert off[off.index("--disable-decode-cuda-graph") + 1] == "--disable-prefill-cuda-graph"
+    assert not {flag for flag in RESPELLED if flag in for_version("0.5.11").deprecated}, "0.5.11 spells them as keys do"
+
+
+def test_a_key_flag_a_version_lacks_or_deprecates_without_a_spelling_is_refused():
+    shipped = for_version("0.5.11")
+    profile = load_profile("pcie-ep8")
+    without_ep = ServerCli("9.9.9", tuple(g for g in shipped.options if "--ep-size" not in g), shipped.choices, {})
+    assert spelling_problem(profile, without_ep) == ("parallel.ep_size", "sets --ep-size, which SGLang 9.9.9 does not have")
+    renamed = ServerCli("9.9.9", shipped.options, shipped.choices, {"--tp-size": "--tp"})
+    assert spelling_problem(profile, renamed) == (
+        "parallel.tp_size", "sets --tp-size, which SGLang 9.9.9 deprecates (use --tp): k26-deploy cannot write it there")
+
+
+@pytest.mark.parametrize("words, on_0_5_11, on_0_5_17", [
+    (["--cuda-graph-max-bs-decode", "8"], "is not an SGLang 0.5.11 flag", "through its key cuda_graph_max_bs"),
+    (["--cuda-graph-max-bs", "8"], "through its key cuda_graph_max_bs", "through its key cuda_graph_max_bs"),
+    (["--disable-prefill-cuda-graph"], "is not an SGLang 0.5.11 flag", "through its key cuda_graph"),
+    (["--speculative-draft-window", "4"], "is not an SGLang 0.5.11 flag", "its key speculative.draft_window_size"),
+    (["--cuda-graph-config", "{}"], "is not an SGLang 0.5.11 flag", "is refused: --cuda-graph-config sets the"),
+    (["--bf16-gemm-backend", "torch"], "is not an SGLang 0.5.11 flag", None),
+    (["--cuda-graph-backend-prefill", "breakable"], "is not an SGLang 0.5.11 flag", None),
+])
+def test_extra_args_are_read_as_the_profiles_sglang_version_reads_them(tmp_path, words, on_0_5_11, on_0_5_17):
+    for version, expected in (("0.5.11", on_0_5_11), ("0.5.17", on_0_5_17)):
+        path = tmp_path / "extra.yaml"
+        path.write_text(f"extends: pcie-ep8\nsglang_version: '{version}'\nextra_args: {json.dumps(words)}\n")
+        proc = k26("render", "--allow-missing-model", "--no-verify", "--profile", str(path))
+        if expected is None:
+            assert proc.returncode == 0, proc.stderr
+            assert " ".join(words) in proc.stdout.replace(" \\\n    ", " ")
+        else:
+            assert expected in one_line_error(proc), version
+
+
+def test_each_shipped_profile_names_its_sglang_version_and_why():
+    for name in shipped_names():
+        text = (profiles_dir() / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
+        (line,) = [i for i, row in enumerate(text) if row.startswith("sglang_version:")]
+        version = load_profile(name).sglang_version
+        assert text[line] == f"sglang_version: {version}" and version in PINS
+        why = []
+        for row in reversed(text[:line]):
+            if not row.startswith("#"):
+                break
+            why.insert(0, row)
+        assert why and why[0].startswith(f"# SGLang {version}"), f"{name}: a comment above sglang_version says why"
 
 
 # The router's own entry point turns the words into its RouterArgs; we print what it understood.
@@ -148,92 +193,3 @@ def test_router_policies_are_the_pinned_routers_choices():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == list(ROUTER_POLICIES)
 
-
-def test_the_committed_sglang_table_is_generated_from_the_pinned_wheel():
-    committed = sglanggen.TARGET.read_text(encoding="utf-8")
-    assert committed == sglanggen.sglang_cli(sglanggen.reader(shipped_wheel())), (
-        "k26_ddtree/deploy/sglang_cli.py is stale: run python -m k26_ddtree.deploy.sglanggen SGLANG_WHEEL")
-
-
-# SGLang's own parser, as `sglang.launch_server` builds it: the pinned package with our patched
-# server_args.py in its place. It reports its arguments and, per case, which of the `watched` flags'
-# destinations the case's words set (None: argparse refuses the words or exits).
-REAL_PARSER = """
-import argparse, contextlib, importlib.util, io, json, sys
-import sglang.srt
-spec = importlib.util.spec_from_file_location("sglang.srt.server_args", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = module
-spec.loader.exec_module(module)
-parser = argparse.ArgumentParser(prog="sglang serve")
-module.ServerArgs.add_cli_args(parser)
-request = json.load(sys.stdin)
-watched = [a for a in parser._actions if set(a.option_strings) & set(request["watched"])]
-for action in watched:
-    action.required = False  # --model-path: the cases are extra_args alone
-unset = object()  # not a string: argparse would pass a string default through the flag's type
-parser.set_defaults(**{a.dest: unset for a in watched})
-results = []
-for words in request["cases"]:
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            namespace = parser.parse_args(words)
-    except SystemExit:
-        results.append(None)
-        continue
-    results.append([a.option_strings[0] for a in watched if getattr(namespace, a.dest) is not unset])
-actions = {option: a for a in parser._actions for option in a.option_strings}
-print(json.dumps({"options": [a.option_strings for a in parser._actions], "results": results,
-                  "choices": {flag: list(actions[flag].choices) for flag in request["choices"]}}))
-"""
-
-# extra_args with well-formed values (SGLang checks the values; k26-deploy checks which flags they set).
-EXTRA_CASES = [
-    ["--chunked-prefill-size", "8192"], ["--chunked-prefill-size=8192"], ["--chunked-prefill", "8192"],
-    ["--enable-cache-report"], ["--log-level", "info"], ["--chunked-prefill-size", "-1"],
-    ["--no-record-nolora-graph"], ["--record-nolora"], ["--enable-cache"],
-    ["--host=0.0.0.0"], ["--host", "0.0.0.0"], ["--hos", "0.0.0.0"], ["--ho=0.0.0.0"], ["--port=1"], ["--por", "1"],
-    ["--model-path=/x"], ["--model", "/x"], ["--mod", "/x"], ["--served-model-name", "x"],
-    ["--api-key=s"], ["--api", "s"], ["--admin-api-key", "s"], ["--admin", "s"], ["--ssl-keyfile-password=s"],
-    ["--tensor-parallel-size", "4"], ["--tp", "4"], ["--ep", "2"], ["--ep-size=2"], ["--nccl-init-addr", "a:1"],
-    ["--speculative-ddtree-trace=/x"], ["--speculative-ddtree-b", "4"], ["--speculative-draft-model", "/x"],
-    ["--disable-cuda-graph"], ["--enable-metrics"], ["--enable-metric"], ["--trust-remote"], ["--skip-server"],
-    ["--cuda-graph-max", "8"], ["--mem-fraction-static=0.5"], ["--max-running", "4"],
-    ["--attention-backend=triton"], ["--config", "/x.yaml"], ["--conf", "/x.yaml"], ["--help"],
-    ["--no-such-flag"], ["--host 0.0.0.0"], ["--chunked-prefill-size", "8192", "-x"], ["--", "x"], ["8192"],
-]
-
-
-@pytest.fixture(scope="module")
-def real_parser(pristine_sglang, tmp_path_factory):
-    watched = [o for group in OPTIONS for o in group
-               if o in SERVER_FLAG_KEYS or o in REFUSED_FLAGS or is_secret_name(o)]
-    request = {"watched": watched, "cases": EXTRA_CASES, "choices": list(CHOICES)}
-    server_args = tmp_path_factory.mktemp("patched") / "server_args.py"
-    server_args.write_text(patched_server_args(), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-c", REAL_PARSER, str(server_args)], input=json.dumps(request),
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(pristine_sglang), str(STUBS)])})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_the_table_is_sglangs_own_parser(real_parser):
-    assert sorted(map(tuple, real_parser["options"])) == sorted(OPTIONS)
-    assert real_parser["choices"] == {flag: list(choices) for flag, choices in CHOICES.items()}
-    assert {o for o in ALIASES if is_secret_name(o)} == {"--api-key", "--admin-api-key", "--ssl-keyfile-password"}
-    for flag, key in SERVER_FLAG_KEYS.items():
-        assert flag in ALIASES and key in dotted_keys(Profile), (flag, key)
-
-
-def test_extra_args_are_refused_exactly_when_sglang_would_set_an_owned_flag_or_refuse_them(real_parser, tmp_path):
-    wrong = []
-    for words, watched_set in zip(EXTRA_CASES, real_parser["results"]):
-        path = tmp_path / "extra.yaml"
-        path.write_text(f"extends: pcie-ep8\nextra_args: {json.dumps(words)}\n")
-        proc = k26("render", "--allow-missing-model", "--no-verify", "--profile", str(path))
-        if (proc.returncode == 0) != (watched_set == []):
-            wrong.append((words, watched_set, proc.returncode, proc.stderr.strip()))
-        elif proc.returncode != 0:
-            one_line_error(proc)
-    assert not wrong, "k26-deploy and SGLang's parser disagree:\n" + "\n".join(map(str, wrong))

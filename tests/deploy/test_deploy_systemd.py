@@ -160,7 +160,7 @@ def test_install_start_reconfigure_and_rollback(systemd_ns, scratch):
                                  "buckets": []}))
     scheduled = k26("reconfigure", "--schedule-file", str(tuned), "--allow-missing-model")
     assert scheduled.returncode == 0, explain(scheduled)
-    assert "(schedule 1:16/4,8:8/4,32:0, block 8, spine off)" in scheduled.stdout, explain(scheduled)
+    assert "(schedule 1:16/4,8:8/4,32:0, block 8, spine off, SGLang 0.5.11)" in scheduled.stdout, explain(scheduled)
     code, info = _get(url, "/server_info")
     assert code == 200 and info["pid"] == main_pid()
     argv = info["argv"]
