@@ -1,6 +1,6 @@
 """The verify's fused Triton kernels (k26_ddtree/sglang/common/verify_kernels.py) against the torch
 ops that define them (verify_utils.verify_custom_mask and commit_path), run by
-test_ddtree_verify_input.py in a subprocess with TRITON_INTERPRET=1 and the test
+test_ddtree_info.py in a subprocess with TRITON_INTERPRET=1 and the test
 process's sys.path (the patched SGLang and its CPU stubs). Prints one line per
 failing case; exit code 1 if any failed."""
 
