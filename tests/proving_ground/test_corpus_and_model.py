@@ -160,7 +160,7 @@ def test_drafter_training_batch_shapes_and_mask():
 @pytest.fixture(scope="module")
 def smoke_pair(tmp_path_factory, text_root):
     out = tmp_path_factory.mktemp("pair")
-    train.make_pair(out, 0, time_budget=1.0, device=torch.device("cpu"), text_root=text_root, knobs=train.SMOKE)
+    train.make_pair(out, 0, time_budget=600.0, device=torch.device("cpu"), text_root=text_root, knobs=train.SMOKE)
     return out
 
 
@@ -229,7 +229,7 @@ def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(sm
     shutil.copytree(smoke_pair, tmp_path)
     target_before = (tmp_path / "target" / "model.safetensors").read_bytes()
     mid_before = (tmp_path / "drafter-mid" / "model.safetensors").read_bytes()
-    args = ["--out", str(tmp_path), "--add-drafter", "mid", "--device", "cpu", "--smoke", "--time-budget", "1",
+    args = ["--out", str(tmp_path), "--add-drafter", "mid", "--device", "cpu", "--smoke", "--time-budget", "600",
             "--text-root", str(text_root)]
     # Earlier results were measured with the drafter there: kept unless --replace.
     assert train.main(args) == 2
@@ -297,7 +297,7 @@ def test_redraft_trains_every_drafter_anew_on_the_targets_own_continuations(smok
     shutil.copytree(smoke_pair, folder)
     target = (folder / "target" / "model.safetensors").read_bytes()
     prompts = (folder / "prompts.json").read_bytes()
-    assert train.main(["--out", str(folder), "--redraft", "--device", "cpu", "--smoke", "--time-budget", "1",
+    assert train.main(["--out", str(folder), "--redraft", "--device", "cpu", "--smoke", "--time-budget", "600",
                        "--text-root", str(text_root)]) == 0
     assert (folder / "target" / "model.safetensors").read_bytes() == target
     assert (folder / "prompts.json").read_bytes() == prompts
