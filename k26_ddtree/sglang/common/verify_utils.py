@@ -41,7 +41,9 @@ def verify_custom_mask(ancestor: torch.Tensor, prefix_lens: torch.Tensor, prefix
     """Flat bool mask for the triton TARGET_VERIFY kernel.
 
     ancestor [B, N, N] bool (tree_attention_mask); prefix_lens [B] on the mask's
-    device and the same values on the CPU (sizes the output without a host sync).
+    device, and prefix_lens_cpu the same values or upper bounds on the CPU (they size the output
+    without a host sync; the kernel reads the mask through offsets from the device lengths, so
+    entries past the true total are never read).
     Request b owns N * (prefix_b + N) entries: row i = prefix_b Trues, then ancestor[b, i].
     """
     batch, n, _ = ancestor.shape

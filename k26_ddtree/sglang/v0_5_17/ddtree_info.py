@@ -72,7 +72,7 @@ class DDTreeVerifyInputV2(DFlashVerifyInput):
     def build(cls, step: StepTree, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
               prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor) -> DDTreeVerifyInputV2:
         """The verify of `step`'s trees, one token per node; prefix_lens [B] on the device,
-        prefix_lens_cpu the same values on the host (they size the mask)."""
+        prefix_lens_cpu [B] on the host: the same values or upper bounds (they size the mask)."""
         width = step.tree.tokens.shape[1]
         return cls(
             draft_token=step.tree.tokens.reshape(-1),

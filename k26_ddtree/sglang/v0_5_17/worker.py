@@ -112,14 +112,14 @@ class DDTreeV2:
         """One decode step after the worker's draft block forward; draft_hidden [B * block, H]."""
         bs = len(batch.seq_lens)
         prefix_lens = batch.seq_lens
-        if batch.seq_lens_cpu is None:
-            raise RuntimeError("DDTree verify needs the host's sequence lengths, which the triton backend asks for")
         req_to_token = worker.model_runner.req_to_token_pool.req_to_token
         drafter = self.drafters.for_batch(bs)
         step = drafter.draft(draft_input.bonus_tokens.view(-1), draft_hidden.view(bs, worker.block_size, -1), batch)
-        verify = DDTreeVerifyInputV2.build(step, req_to_token, batch.req_pool_indices, prefix_lens, batch.seq_lens_cpu)
+        prefix_bound, verify_bound = host_length_bounds(batch, draft_input, step.tree.tokens.shape[1],
+                                                        worker.model_runner.model_config.context_len)
+        verify = DDTreeVerifyInputV2.build(step, req_to_token, batch.req_pool_indices, prefix_lens, prefix_bound)
         grammar_tree = self._grammar_tree(step) if batch.has_grammar else None
-        logits_output, can_run_cuda_graph = self._verify_forward(worker, batch, verify)
+        logits_output, can_run_cuda_graph = self._verify_forward(worker, batch, verify, verify_bound)
 
         logits = logits_output.next_token_logits
         if batch.has_grammar:
@@ -159,13 +159,13 @@ class DDTreeV2:
             new_seq_lens=commit.new_seq_lens,
         )
 
-    def _verify_forward(self, worker, batch, verify: DDTreeVerifyInputV2):
-        """SGLang's target verify of `verify`: (logits output, whether its CUDA graph ran)."""
+    def _verify_forward(self, worker, batch, verify: DDTreeVerifyInputV2, verify_bound: torch.Tensor):
+        """SGLang's target verify of `verify`: (logits output, whether its CUDA graph ran);
+        verify_bound [B] on the host: the lengths the attention backend plans with."""
         batch.out_cache_loc = verify.node_slots.reshape(-1)
         seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
-        # The host bound of the lengths the attention backend plans with: prefix and the verify.
-        batch.seq_lens_cpu = seq_lens_cpu + verify.draft_token_num
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        batch.seq_lens_cpu = verify_bound
+        batch.seq_lens_sum = int(verify_bound.sum())
         forward_batch, _ = verify.prepare_for_verify(batch, worker.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
         out = worker.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True,
@@ -193,6 +193,26 @@ class DDTreeV2:
         committed = acceptance.committed_on_host()
         step.trace.record([batch.reqs[i].rid for i in rows], [counts[batch.reqs[i].rid] for i in rows],
                           [committed[i] for i in rows], rows=None if all_greedy else rows)
+
+
+def host_length_bounds(batch, draft_input, width: int, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host upper bounds of every request's prefix and of prefix + width ([B] each), read without
+    waiting for the device.
+
+    Where an attention backend asks for the host lengths, the scheduler resolves
+    batch.seq_lens_cpu to the committed lengths. Otherwise (triton: needs_cpu_seq_lens is False)
+    it is None, and the bound is the scheduler's reservation: the host's one-step-stale committed
+    length + 2 * speculative_num_draft_tokens, which the patch set makes the widest verify, so it
+    covers prefix + width; DFlash's own verify plans with it too. A prefix never passes the context
+    length, which keeps the mask within the verify graph's buffer (per request, width *
+    (context + width))."""
+    if batch.seq_lens_cpu is not None:
+        return batch.seq_lens_cpu, batch.seq_lens_cpu + width
+    reserved = draft_input.reserved_seq_lens_cpu
+    if reserved is None:
+        raise RuntimeError("DDTree verify needs a host bound of the sequence lengths: the batch carries neither "
+                           "the committed lengths nor the scheduler's reservation")
+    return reserved.clamp(max=context_len), reserved
 
 
 def check_target(model_runner, topk: int) -> None:

@@ -12,6 +12,7 @@ import torch
 
 VOCAB = 32
 BLOCK = 4
+CONTEXT = 40  # the context length: req_to_token rows hold 64
 MASK_ID = 3
 
 
@@ -96,7 +97,7 @@ def make_worker(patched_sglang, monkeypatch, args, draft_hidden, target):
     embed = torch.nn.Embedding(VOCAB, 8)
     target_runner = SimpleNamespace(
         model=SimpleNamespace(get_input_embeddings=lambda: embed, lm_head=lm_head()),
-        model_config=SimpleNamespace(vocab_size=VOCAB), req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+        model_config=SimpleNamespace(vocab_size=VOCAB, context_len=CONTEXT), req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
         decode_cuda_graph_runner=None, attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
         device="cpu",
     )
@@ -210,6 +211,51 @@ def test_two_overlap_steps_verify_the_tree_and_commit_on_the_device(patched_sgla
     worker.forward_batch_generation(again)
     second = seen.target.forwards[1].out_cache_loc.view(2, 6)[0].tolist()
     assert second == row[6 + commit_len:12 + commit_len].tolist(), "the next tree takes the slots past the path"
+
+
+def test_without_host_lengths_the_verify_plans_with_the_schedulers_reservation(patched_sglang, monkeypatch):
+    """Where the attention backend does not ask for them (triton), the scheduler hands the step no
+    host lengths: the mask and the backend's plan take the reservation as their bound, and the
+    step commits what it commits with the exact lengths."""
+    def target(b, path):
+        return 10 if len(path) == 1 else 31
+
+    committed = []
+    for host_lengths in (True, False):
+        worker, seen = make_worker(patched_sglang, monkeypatch, server_args(),
+                                   draft_rows([[10, 11], [12, 13], [14, 15]], 2), target)
+        batch = decode_batch([6, 9], [9, 7], [Req("a"), Req("b")])
+        if not host_lengths:
+            batch.seq_lens_cpu = None
+            batch.spec_info.reserved_seq_lens_cpu = torch.tensor([6 + 12, CONTEXT + 12])
+            batch.spec_info.reserved_seq_lens_sum = 6 + 12 + CONTEXT + 12
+        result = worker.forward_batch_generation(batch)
+        verify, (forward,) = seen.verifies[0], seen.target.forwards
+        width = verify.draft_token_num
+        if host_lengths:
+            assert verify.custom_mask.numel() == width * (6 + width + 9 + width)
+        else:
+            assert forward.seq_lens_cpu.tolist() == [6 + 12, CONTEXT + 12], "the reservation, as DFlash plans"
+            assert verify.custom_mask.numel() == width * (6 + 12 + width + CONTEXT + width), \
+                "the prefix bound stops at the context length"
+            assert batch.seq_lens_cpu is None, "restored after prepare"
+        ancestor = verify.step.ancestor
+        for b, (start, prefix) in enumerate([(0, 6), (width * (6 + width), 9)]):
+            rows = verify.custom_mask[start:start + width * (prefix + width)].view(width, prefix + width)
+            assert rows[:, :prefix].all() and torch.equal(rows[:, prefix:], ancestor[b]), "laid out by the true prefix"
+        committed.append((result.next_token_ids.tolist(), result.accept_lens.tolist(), result.new_seq_lens.tolist()))
+    assert committed[0] == committed[1]
+
+
+def test_a_step_without_host_lengths_or_reservation_is_refused(patched_sglang):
+    from k26_ddtree.sglang.v0_5_17.worker import host_length_bounds
+
+    batch = SimpleNamespace(seq_lens_cpu=None)
+    with pytest.raises(RuntimeError, match="host bound"):
+        host_length_bounds(batch, SimpleNamespace(reserved_seq_lens_cpu=None), 9, CONTEXT)
+    exact = SimpleNamespace(seq_lens_cpu=torch.tensor([5, 7]))
+    prefix, verify = host_length_bounds(exact, SimpleNamespace(reserved_seq_lens_cpu=None), 9, CONTEXT)
+    assert prefix.tolist() == [5, 7] and verify.tolist() == [14, 16]
 
 
 def test_each_bucket_verifies_at_its_own_width_and_a_chain_bucket_at_the_block(patched_sglang, monkeypatch):
