@@ -175,7 +175,8 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     runs = spec["runs"]
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
                                        "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa",
-                                       "wide-speed-costed", "pcie-ep8-steps", "sglang-gap-b", "sglang-gap-c"} | {
+                                       "wide-speed-costed", "pcie-ep8-steps", "sglang-gap-b", "sglang-gap-c",
+                                       "sglang-port-speed"} | {
                                            r for r in BOX_RUNS if not r.endswith("-a")}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
@@ -188,6 +189,8 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
         names = runs[run]
         assert sum(n.startswith("dflash") for n in names) == 1
     assert all(len(runs[run]) == 8 for run in ("speed-weak", "speed-real"))
+    assert set(runs["sglang-port-speed"]) <= set(runs["sglang-port-prove"])
+    assert spec["run_settings"]["sglang-port-speed"] == spec["run_settings"]["sglang-port-prove"]
     assert set(spec["first_wave"]) <= set(runs["prove"])
     weak = {matrix.parse_server(n).drafter for n in runs["speed-weak"] if n != "ar"}
     assert weak == {"weak"}
