@@ -143,18 +143,23 @@ class DDTreeSchedule:
         return bisect.bisect_right(self._starts, max(batch_size, 1)) - 1
 
     def graph_batch_sizes(self, sizes) -> list[list[int]]:
-        """Per bucket, the CUDA-graph batch sizes it captures from the server's `sizes`, plus the
-        last batch size of every bucket that some larger captured size follows: a batch is padded
-        up to the next captured size, and that size must lie in the batch's own bucket, whose
-        verify width its graph holds."""
-        sizes = sorted({int(s) for s in sizes if int(s) > 0})
-        if not sizes:
-            return [[] for _ in self.buckets]
-        ends = [b.min_bs - 1 for b in self.buckets[1:] if b.min_bs - 1 < sizes[-1]]
-        per_bucket: list[list[int]] = [[] for _ in self.buckets]
-        for size in sorted(set(sizes) | set(ends)):
-            per_bucket[self.index(size)].append(size)
-        return per_bucket
+        """bucket_graph_batch_sizes of these buckets."""
+        return bucket_graph_batch_sizes(self._starts, sizes)
+
+
+def bucket_graph_batch_sizes(starts: list[int], sizes) -> list[list[int]]:
+    """Per bucket (`starts`: each one's first batch size, ascending from 1), the CUDA-graph batch
+    sizes it captures from the server's `sizes`, plus the last batch size of every bucket that some
+    larger captured size follows: a batch is padded up to the next captured size, and that size
+    must lie in the batch's own bucket, whose verify width its graph holds."""
+    sizes = sorted({int(s) for s in sizes if int(s) > 0})
+    if not sizes:
+        return [[] for _ in starts]
+    ends = [start - 1 for start in starts[1:] if start - 1 < sizes[-1]]
+    per_bucket: list[list[int]] = [[] for _ in starts]
+    for size in sorted(set(sizes) | set(ends)):
+        per_bucket[bisect.bisect_right(starts, size) - 1].append(size)
+    return per_bucket
 
 
 def is_ddtree(server_args) -> bool:
@@ -283,31 +288,28 @@ def draft_block_size(server_args) -> int:
     return int(server_args.speculative_num_draft_tokens)
 
 
-def max_verify_width(server_args) -> int:
-    """The most tokens a bucket verifies per request, before finalize resolves the block size: a
-    tree's budget + 1, a chain's block where --speculative-dflash-block-size gives it (the
-    draft config's is read later; k26-deploy's units always give it)."""
+def bucket_verify_widths(server_args) -> list[tuple[int, int]]:
+    """(first batch size, verify width) of each bucket, also before finalize resolves the block
+    size (the static-memory reserve is computed first): a tree's budget + 1, a chain's block where
+    --speculative-dflash-block-size gives it (the draft config's is read later; k26-deploy's units
+    always give it), else 1."""
     text = server_args.speculative_ddtree_budget_schedule
     if text is None:
-        return int(server_args.speculative_ddtree_budget) + 1
+        return [(1, int(server_args.speculative_ddtree_budget) + 1)]
     block = server_args.speculative_dflash_block_size
-    return max(int(block) if entry.chain and block is not None else entry.budget + 1
-               for entry in parse_schedule(text))
+    return [(entry.min_bs, int(block) if entry.chain and block is not None else entry.budget + 1)
+            for entry in parse_schedule(text)]
 
 
-def verify_reserved_mem_mb(server_args, vocab_size: int, context_len: int) -> float:
-    """GPU memory (MB) that grows with the budget, for the static-memory estimate.
+def max_verify_width(server_args) -> int:
+    """The most tokens a bucket verifies per request (bucket_verify_widths)."""
+    return max(width for _, width in bucket_verify_widths(server_args))
 
-    Per verified token: fp32 logits in the target's graph output and in eager
-    verify (logits, scaled logits, target probs and the zeroed draft probs of the
-    sampling kernel), plus the triton backend's uint8 custom-mask graph buffer,
-    one context length per token (on 0.5.11 its other graph buffers are per request for
-    DFlash runners, v0_5_11/buffers.py).
-    """
-    verify_width = max_verify_width(server_args)
+
+def verify_logits_bytes(server_args, vocab_size: int) -> int:
+    """GPU bytes of the verify's fp32 logits, per verified token of the widest width: the target
+    graphs' output buffer (largest batch) and eager verify (logits, scaled logits, target probs
+    and the zeroed draft probs of the sampling kernel, every running request)."""
     graph_bs = 0 if server_args.disable_cuda_graph else int(server_args.cuda_graph_max_bs or 0)
     running = int(server_args.max_running_requests or 48)
-    logits_row = 4 * int(vocab_size)
-    graph_bytes = graph_bs * verify_width * (logits_row + int(context_len))
-    eager_bytes = running * verify_width * logits_row * 4
-    return (graph_bytes + eager_bytes) / (1 << 20)
+    return (graph_bs + 4 * running) * max_verify_width(server_args) * 4 * int(vocab_size)

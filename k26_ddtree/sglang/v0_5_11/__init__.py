@@ -2,9 +2,9 @@
 
 Here: args.py (the flags' declaration, finalize, the target/draft token split, the slot counts),
 ddtree_info.py (the per-batch verify input, accept, commit), schedule_graphs.py (one target verify
-graph runner per verify width), guards.py (verify-width and mask checks of the target's graphs) and
-buffers.py (the triton backend's graph buffer sizes). The DDTree logic they share with 0.5.17 is
-k26_ddtree.sglang.common; the algorithm is k26_ddtree.core. args, guards, buffers and
+graph runner per verify width) and guards.py (verify-width and mask checks of the target's graphs).
+The DDTree logic they share with 0.5.17 is k26_ddtree.sglang.common (the triton backend's graph
+buffer sizes among it: common/buffers.py); the algorithm is k26_ddtree.core. args, guards and
 schedule_graphs import no sglang at import time, so server_args.py, model_runner.py,
 cuda_graph_runner.py and triton_backend.py can import them without cycles.
 
@@ -100,7 +100,7 @@ Hooks in the patched SGLang files (the diffs in patches/sglang-0.5.11/ of sglang
                                 graph reads the custom mask, replay refuses a step whose
                                 mask presence differs (guards.check_replay_mask);
                                 init_cuda_graph_state sizes its buffers with
-                                buffers.triton_graph_sizes (per request, not per verified
+                                common.buffers.triton_graph_sizes (per request, not per verified
                                 token, for the TARGET_VERIFY-only DFlash runners).
 
 Graph mode: the draft graph's hidden states are consumed (copied into the step

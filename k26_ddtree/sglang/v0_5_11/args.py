@@ -43,7 +43,7 @@ from k26_ddtree.sglang.common.args import (
     normalize_algorithm,
     parse_schedule,
     resolve_trace,
-    verify_reserved_mem_mb,
+    verify_logits_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -133,6 +133,17 @@ def finalize(server_args) -> None:
         block_size,
         schedule.max_verify_width,
     )
+
+
+def verify_reserved_mem_mb(server_args, vocab_size: int, context_len: int) -> float:
+    """GPU memory (MB) that grows with the budget, for the static-memory estimate: the verify
+    logits (common.args.verify_logits_bytes) and the triton backend's uint8 custom-mask graph
+    buffer, one context length per verified token of the widest width at the largest batch. Its
+    other graph buffers (kv_indices, the decode-only rows) are per request for DFlash runners
+    (common/buffers.py), independent of the budget, and not counted."""
+    graph_bs = 0 if server_args.disable_cuda_graph else int(server_args.cuda_graph_max_bs or 0)
+    mask_bytes = graph_bs * max_verify_width(server_args) * int(context_len)
+    return (verify_logits_bytes(server_args, vocab_size) + mask_bytes) / (1 << 20)
 
 
 def step_slots_per_request(server_args) -> int:

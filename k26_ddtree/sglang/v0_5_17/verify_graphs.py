@@ -6,12 +6,13 @@ request), and its triton backend sizes qo_indptr and the verify mask buffer for 
 schedule's buckets verify different widths (budget + 1 per tree bucket, the block for a chain
 bucket): padding every tree to the widest would make a narrow bucket's verify cost the widest's.
 So the target gets one runner per width, each capturing only its buckets' batch sizes with a
-triton backend of its own (its graph buffers are what its graphs read at replay), and a batch
+triton backend of its own (its graph buffers are what its graphs read at replay: sized per
+request, common/buffers.py, and reserved per runner, args.verify_reserved_mem_mb), and a batch
 runs on the runner of its verify input's width. One width (no schedule, or buckets that all
 verify the same count) keeps SGLang's one runner.
 
 The batch sizes are SGLang's (the decode graph sizes and their filters, for the runner's width)
-plus the last batch size of each bucket (DDTreeSchedule.graph_batch_sizes), so a batch is never
+plus the last batch size of each bucket (common.args.bucket_graph_batch_sizes), so a batch is never
 padded into the next bucket's graph. The runners share SGLang's process-wide graph memory pool,
 input buffer pool and logits buffer (sized for the widest width at the largest batch), as the
 target and draft runners already do: one graph replays at a time and its outputs are consumed
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import functools
 
-from k26_ddtree.sglang.common.args import DDTreeSchedule
+from k26_ddtree.sglang.common.args import bucket_graph_batch_sizes, bucket_verify_widths, is_ddtree
 
 # cuda_graph_config.decode.backend of graphs whose attention layers run eagerly between captured
 # pieces, under the model runner's forward context and its attention backend, not a width's own
@@ -37,24 +38,31 @@ def decode_graph_runner(model_runner, runner_cls):
     """ModelRunner._decode_cuda_graph_runner_cls: what SGLang calls with the model runner to build
     its decode graph runner; runner_cls itself, or for a target under a schedule of several verify
     widths a ScheduledVerifyRunner over runner_cls."""
-    schedule = DDTreeSchedule.from_server_args(model_runner.server_args)
-    if schedule is None or model_runner.is_draft_worker or len(verify_widths(schedule)) == 1:
+    buckets = width_buckets(model_runner.server_args)
+    if buckets is None or model_runner.is_draft_worker:
         return runner_cls
-    return functools.partial(ScheduledVerifyRunner, runner_cls=runner_cls, schedule=schedule)
+    return functools.partial(ScheduledVerifyRunner, runner_cls=runner_cls, buckets=buckets)
 
 
-def verify_widths(schedule: DDTreeSchedule) -> set[int]:
-    return {bucket.verify_width for bucket in schedule.buckets}
+def width_buckets(server_args) -> list[tuple[int, int]] | None:
+    """(first batch size, verify width) of each bucket (common.args.bucket_verify_widths) when the
+    target gets a verify runner per width: DDTree on, several widths. None: SGLang's one runner."""
+    if not is_ddtree(server_args):
+        return None
+    buckets = bucket_verify_widths(server_args)
+    return buckets if len({width for _, width in buckets}) > 1 else None
 
 
-def runner_batch_sizes(schedule: DDTreeSchedule, sizes_for_width) -> dict[int, list[int]]:
-    """{verify width: the batch sizes its runner captures}; sizes_for_width(width): SGLang's capture
-    sizes for a runner of that width (none captured: the width runs eagerly)."""
+def runner_batch_sizes(buckets: list[tuple[int, int]], sizes_for_width) -> dict[int, list[int]]:
+    """{verify width: the batch sizes its runner captures}; buckets: width_buckets';
+    sizes_for_width(width): SGLang's capture sizes for a runner of that width (none captured: the
+    width runs eagerly)."""
+    starts = [start for start, _ in buckets]
     plan = {}
-    for width in verify_widths(schedule):
-        per_bucket = schedule.graph_batch_sizes(sizes_for_width(width))
-        found = sorted({bs for bucket, sizes in zip(schedule.buckets, per_bucket)
-                        if bucket.verify_width == width for bs in sizes})
+    for width in {width for _, width in buckets}:
+        per_bucket = bucket_graph_batch_sizes(starts, sizes_for_width(width))
+        found = sorted({bs for (_, bucket_width), sizes in zip(buckets, per_bucket)
+                        if bucket_width == width for bs in sizes})
         if found:
             plan[width] = found
     return plan
@@ -67,7 +75,7 @@ class ScheduledVerifyRunner:
     runners   {verify width: its runner}
     """
 
-    def __init__(self, model_runner, *, runner_cls, schedule: DDTreeSchedule):
+    def __init__(self, model_runner, *, runner_cls, buckets: list[tuple[int, int]]):
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
         from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
 
@@ -80,7 +88,7 @@ class ScheduledVerifyRunner:
                 "a DDTree schedule of several verify widths needs full decode CUDA graphs (one attention backend "
                 "per width), not breakable ones"
             )
-        plan = runner_batch_sizes(schedule, lambda width: get_batch_sizes_to_capture(model_runner, width)[0])
+        plan = runner_batch_sizes(buckets, lambda width: get_batch_sizes_to_capture(model_runner, width)[0])
         self.runners = {}
         self._last = None
         # Most tokens first, as SGLang captures its largest batch first: later graphs then fit in

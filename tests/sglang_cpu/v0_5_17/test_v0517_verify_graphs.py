@@ -169,13 +169,18 @@ def test_eager_verify_plans_the_triton_metadata_for_the_steps_own_width(patched_
 
 
 def test_the_static_memory_estimate_reserves_the_widest_verify(patched_sglang, models):
-    from k26_ddtree.sglang.v0_5_17.args import verify_reserved_mem_mb
+    """The widest width's logits, and every verify runner's triton graph buffers
+    (test_v0517_triton_buffers holds them to what the runners allocate)."""
+    from k26_ddtree.sglang.v0_5_17.args import verify_graph_buffer_bytes, verify_reserved_mem_mb
 
     common = ["--speculative-dflash-block-size", "8", "--cuda-graph-max-bs", "16", "--max-running-requests", "16"]
     scheduled = parse(ddtree_cli(models, *common, "--speculative-ddtree-budget-schedule", SCHEDULE))
     one = parse(ddtree_cli(models, *common, "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk", "8"))
     narrow = parse(ddtree_cli(models, *common, "--speculative-ddtree-budget", "8", "--speculative-ddtree-topk", "4"))
-    assert verify_reserved_mem_mb(scheduled) == verify_reserved_mem_mb(one) > verify_reserved_mem_mb(narrow) > 0
+    assert verify_reserved_mem_mb(one) > verify_reserved_mem_mb(narrow) > 0
+    scheduled_graphs, one_graphs = (verify_graph_buffer_bytes(a, a.get_model_config()) for a in (scheduled, one))
+    assert verify_reserved_mem_mb(scheduled) - verify_reserved_mem_mb(one) == pytest.approx(
+        (scheduled_graphs - one_graphs) / (1 << 20)), "the same widest logits"
 
     eager = parse(ddtree_cli(models, *common, "--speculative-ddtree-budget", "32", "--disable-cuda-graph"))
     assert 0 < verify_reserved_mem_mb(eager) < verify_reserved_mem_mb(one), "no graph buffers without graphs"
