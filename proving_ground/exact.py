@@ -10,7 +10,13 @@ output so far.
 judges a finished run's greedy speed cells again under the same rule (the runner does it as it
 goes): each request's first divergence, the exact model's answer where the reference's gap does
 not make it a tie, and the cell's verdict. --oracle gives the run's prompts and AR outputs.
-Exit 0 when every cell is lossless, 1 when one is not, 2 for bad input.
+
+    python -m proving_ground.exact --models DIR --oracle oracle-runRUN.json --reference [--exact-eps E]
+
+judges the AR reference itself: every position where its token lies more than exact_eps below the
+exact model's top-1. The rule trusts the reference outside ties, so a serving path whose AR
+departs from the model where others do not reads as their failure; this says where it does.
+Exit 0 when every cell (or every reference token) is within the rule, 1 when one is not, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -136,6 +142,33 @@ def rejudge(report: dict, oracle: dict, models: Path, exact_eps: float) -> list[
     return cells
 
 
+def reference_departures(oracle: dict, models: Path, exact_eps: float) -> tuple[int, list[dict]]:
+    """(positions judged, each position where the AR reference's token lies more than exact_eps
+    below the exact model's top-1: {prompt, position, token, top1, below}). One teacher-forced
+    fp32 forward per prompt: the target is causal, so it gives every position's logits at once."""
+    import torch
+
+    rows = oracle.get("prompts") if isinstance(oracle, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UserError("the oracle file has no list of prompts: not an oracle-runRUN.json")
+    prompts, references = [_ids(r["input_ids"]) for r in rows], [_ids(r["ar_output_ids"]) for r in rows]
+    if not is_tiny_target(models):
+        raise UserError(f"{models}/target/config.json: missing, or not the tiny target, so there is no exact model")
+    target = ExactTarget(models, prompts)._load()
+    judged, departures = 0, []
+    for index, (prompt, output) in enumerate(zip(prompts, references)):
+        if not prompt or not output:
+            continue
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + output[:-1]]))[0][0, len(prompt) - 1:].double()
+        below = logits.max(-1).values - logits.gather(-1, torch.tensor(output)[:, None])[:, 0]
+        judged += len(output)
+        for pos in (below > exact_eps).nonzero()[:, 0].tolist():
+            departures.append({"prompt": index, "position": pos, "token": output[pos],
+                               "top1": int(logits[pos].argmax()), "below": float(below[pos])})
+    return judged, departures
+
+
 def divergence_text(d: dict) -> str:
     """A divergence's reference gap, and where the exact model was asked, how far each token lies
     below its top-1 (the reference's token, then the produced one)."""
@@ -148,17 +181,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m proving_ground.exact", description=__doc__.split("\n")[0])
     parser.add_argument("--models", required=True, type=Path, help="the pair's folder (its target/ is the model)")
     parser.add_argument("--oracle", required=True, type=Path, help="the run's oracle-runRUN.json (prompts, AR outputs)")
-    parser.add_argument("--report", required=True, type=Path, help="the run's e2e-runRUN.json")
+    judged = parser.add_mutually_exclusive_group(required=True)
+    judged.add_argument("--report", type=Path, help="the run's e2e-runRUN.json: judge its greedy speed cells")
+    judged.add_argument("--reference", action="store_true",
+                        help="judge the oracle's AR reference itself against the exact model")
     parser.add_argument("--exact-eps", type=float,
                         help="nats, > 0 (default: the report's exact_eps, else 0.25 as in matrix.json)")
     args = parser.parse_args(argv)
     try:
-        report, oracle = (json.loads(path.read_text()) for path in (args.report, args.oracle))
+        oracle = json.loads(args.oracle.read_text())
+        report = json.loads(args.report.read_text()) if args.report else {}
         exact_eps = args.exact_eps if args.exact_eps is not None else (
             report.get("exact_eps") if isinstance(report, dict) and report.get("exact_eps") else 0.25)
         if not (math.isfinite(exact_eps) and exact_eps > 0):
             raise UserError(f"--exact-eps {exact_eps}: expected a finite number of nats > 0")
-        cells = rejudge(report, oracle, args.models, float(exact_eps))
+        if args.reference:
+            judged, departures = reference_departures(oracle, args.models, float(exact_eps))
+        else:
+            cells = rejudge(report, oracle, args.models, float(exact_eps))
     except (OSError, ValueError) as err:
         print(f"exact: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
@@ -169,6 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"exact: error: {err}", file=sys.stderr)
         return 2
+    if args.reference:
+        for d in departures:
+            print(f"p{d['prompt']}@{d['position']}: the reference's token {d['token']} lies {d['below']:.3f} nats "
+                  f"below the exact model's top-1 {d['top1']}")
+        print(f"reference: {len(departures)} of {judged} tokens more than {exact_eps:g} nats below the exact "
+              "model's top-1")
+        return 1 if departures else 0
     for cell in cells:
         shown = ", ".join(f"p{d['prompt']}@{d['position']} gap {divergence_text(d)}" for d in cell["divergences"])
         print(f"{cell['cell']} {cell['server']}: {cell['verdict']} ({shown or 'no divergence'})")

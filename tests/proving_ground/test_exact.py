@@ -121,3 +121,26 @@ def test_bad_arguments_are_one_line_and_exit_2(finished_run, capsys, tmp_path):
     paths["report"].write_text("{")
     assert exact.main(args) == 2
     assert capsys.readouterr().err.startswith("exact: error: JSONDecodeError")
+
+
+def test_the_reference_itself_is_judged_at_every_position_against_the_exact_model(models, tmp_path, capsys):
+    prompt, output = [5, 6, 7], []
+    for _ in range(4):
+        output.append(int(fp32_logits(models, prompt + output).argmax()))
+    oracle = tmp_path / "oracle.json"
+    oracle.write_text(json.dumps({"prompts": [{"input_ids": prompt, "ar_output_ids": output}]}))
+    args = ["--models", str(models), "--oracle", str(oracle), "--reference"]
+    assert exact.main(args) == 0
+    assert capsys.readouterr().out == "reference: 0 of 4 tokens more than 0.25 nats below the exact model's top-1\n"
+    logits = fp32_logits(models, prompt + output[:3])
+    worst = int(logits.argmin())
+    oracle.write_text(json.dumps({"prompts": [{"input_ids": prompt, "ar_output_ids": output[:3] + [worst]}]}))
+    assert exact.main(args) == 1
+    first, last = capsys.readouterr().out.splitlines()
+    below = float(logits.max() - logits[worst])
+    assert first == (f"p0@3: the reference's token {worst} lies {below:.3f} nats below the exact model's "
+                     f"top-1 {output[3]}")
+    assert last.startswith("reference: 1 of 4 tokens")
+    assert exact.main(args + ["--exact-eps", str(below + 1)]) == 0
+    assert exact.main(["--models", str(tmp_path / "none"), "--oracle", str(oracle), "--reference"]) == 2
+    assert "missing, or not the tiny target" in capsys.readouterr().err
