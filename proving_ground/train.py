@@ -128,10 +128,16 @@ PAIR_FILES = ("*/model.safetensors", "target/tokenizer.json", "prompts.json")
 
 def make_deterministic() -> None:
     """Before any CUDA work: cuBLAS needs a fixed workspace to be deterministic, and torch then
-    takes deterministic kernels where it has them (gather's and SDPA's backward among them);
-    where it has none it warns, and --check-determinism shows what that costs."""
+    takes deterministic kernels where it has them (gather's backward among them); where it has
+    none it warns, and --check-determinism shows what that costs. Attention runs on SDPA's math
+    backend: under warn_only every fused backward (flash, memory-efficient, cuDNN) takes its
+    non-deterministic path, and on an H100 the pair made twice differed; math's backward is
+    matmuls and a softmax, deterministic under the fixed workspace."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def pair_digest(out: Path) -> str:
