@@ -73,24 +73,45 @@ class ExactTarget:
             raise UserError(f"{self.weights}: not the tiny target's weights ({str(err).splitlines()[0]})") from None
         return target.eval()
 
-    def below_top(self, prompt: int, output_prefix: list[int], a: int, b: int) -> tuple[float, float]:
+    def _logits(self, prompt: int, output_prefix: list[int]):
+        """[len(output_prefix) + 1, vocab] fp64: the next-token logits after the prompt and each
+        prefix of output_prefix, from one forward (the target is causal)."""
         import torch
 
+        if self._target is None:
+            self._target = self._load()
+        prompt_ids = list(self.prompts[prompt])
+        with torch.no_grad():
+            logits = self._target(torch.tensor([prompt_ids + list(output_prefix)]))[0][0]
+        return logits[len(prompt_ids) - 1:].double()
+
+    def below_top(self, prompt: int, output_prefix: list[int], a: int, b: int) -> tuple[float, float]:
         key = (prompt, tuple(output_prefix), a, b)
         if key not in self._answers:
-            if self._target is None:
-                self._target = self._load()
-            ids = torch.tensor([list(self.prompts[prompt]) + list(output_prefix)])
-            with torch.no_grad():
-                logits = self._target(ids)[0][0, -1].double()
+            logits = self._logits(prompt, output_prefix)[-1]
             top = logits.max()
             self._answers[key] = (float(top - logits[a]), float(top - logits[b]))
         return self._answers[key]
+
+    def below_top_along(self, prompt: int, output: list[int]):
+        """([len(output)] how far each output token lies below its position's top-1 fp32 logit,
+        [len(output)] that top-1 token)."""
+        import torch
+
+        logits = self._logits(prompt, output[:-1])
+        return logits.max(-1).values - logits.gather(-1, torch.tensor(output)[:, None])[:, 0], logits.argmax(-1)
 
 
 def exact_model(models: Path, prompts: list[list[int]]):
     """ExactTarget(models, prompts).below_top, or None when models/target has no exact model here."""
     return ExactTarget(models, prompts).below_top if is_tiny_target(models) else None
+
+
+def required_exact_target(models: Path, prompts: list[list[int]]) -> ExactTarget:
+    """ExactTarget(models, prompts); UserError when models/target has no exact model here."""
+    if not is_tiny_target(models):
+        raise UserError(f"{models}/target/config.json: missing, or not the tiny target, so there is no exact model")
+    return ExactTarget(models, prompts)
 
 
 def _ids(value) -> list[int]:
@@ -99,24 +120,26 @@ def _ids(value) -> list[int]:
     return value
 
 
+def oracle_ids(oracle: dict) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, AR reference outputs) of an oracle-runRUN.json; UserError when it is not one."""
+    rows = oracle.get("prompts") if isinstance(oracle, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UserError("the oracle file has no list of prompts: not an oracle-runRUN.json")
+    return [_ids(r["input_ids"]) for r in rows], [_ids(r["ar_output_ids"]) for r in rows]
+
+
 def rejudge(report: dict, oracle: dict, models: Path, exact_eps: float) -> list[dict]:
     """Per greedy speed cell of an e2e report: its divergences judged again by the lossless rule
     with the exact model of `models`, and the verdict. UserError where the files disagree."""
     from proving_ground import lossless
 
-    rows = oracle.get("prompts") if isinstance(oracle, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise UserError("the oracle file has no list of prompts: not an oracle-runRUN.json")
-    prompts, references = [_ids(r["input_ids"]) for r in rows], [_ids(r["ar_output_ids"]) for r in rows]
+    prompts, references = oracle_ids(oracle)
     if not isinstance(report, dict) or not isinstance(report.get("speed"), list) or "eps" not in report:
         raise UserError("the report has no 'eps' and 'speed' list: not an e2e-runRUN.json of a speed run")
     if report.get("prompts") != len(prompts):
         raise UserError(f"the report served {report.get('prompts')} prompts and the oracle holds {len(prompts)}: "
                         "not the same run")
-    model = exact_model(models, prompts)
-    if model is None:
-        raise UserError(f"{models}/target/config.json: missing, or not the tiny target, so there is no exact model")
-    rule = lossless.TieRule(float(report["eps"]), model, exact_eps)
+    rule = lossless.TieRule(float(report["eps"]), required_exact_target(models, prompts).below_top, exact_eps)
     cells = []
     for cell in report["speed"]:
         if not isinstance(cell, dict):
@@ -144,28 +167,18 @@ def rejudge(report: dict, oracle: dict, models: Path, exact_eps: float) -> list[
 
 def reference_departures(oracle: dict, models: Path, exact_eps: float) -> tuple[int, list[dict]]:
     """(positions judged, each position where the AR reference's token lies more than exact_eps
-    below the exact model's top-1: {prompt, position, token, top1, below}). One teacher-forced
-    fp32 forward per prompt: the target is causal, so it gives every position's logits at once."""
-    import torch
-
-    rows = oracle.get("prompts") if isinstance(oracle, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise UserError("the oracle file has no list of prompts: not an oracle-runRUN.json")
-    prompts, references = [_ids(r["input_ids"]) for r in rows], [_ids(r["ar_output_ids"]) for r in rows]
-    if not is_tiny_target(models):
-        raise UserError(f"{models}/target/config.json: missing, or not the tiny target, so there is no exact model")
-    target = ExactTarget(models, prompts)._load()
+    below the exact model's top-1: {prompt, position, token, top1, below})."""
+    prompts, references = oracle_ids(oracle)
+    target = required_exact_target(models, prompts)
     judged, departures = 0, []
-    for index, (prompt, output) in enumerate(zip(prompts, references)):
-        if not prompt or not output:
+    for index, output in enumerate(references):
+        if not prompts[index] or not output:
             continue
-        with torch.no_grad():
-            logits = target(torch.tensor([prompt + output[:-1]]))[0][0, len(prompt) - 1:].double()
-        below = logits.max(-1).values - logits.gather(-1, torch.tensor(output)[:, None])[:, 0]
+        below, top1 = target.below_top_along(index, output)
         judged += len(output)
         for pos in (below > exact_eps).nonzero()[:, 0].tolist():
             departures.append({"prompt": index, "position": pos, "token": output[pos],
-                               "top1": int(logits[pos].argmax()), "below": float(below[pos])})
+                               "top1": int(top1[pos]), "below": float(below[pos])})
     return judged, departures
 
 
