@@ -185,7 +185,9 @@ class MLAttention(nn.Module):
 class Gate(nn.Module):
     def __init__(self, c: dict):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(c["n_routed_experts"], c["hidden_size"]))
+        # Zeros, not torch.empty: a target built without init_weights must still give finite
+        # logits; init_weights draws it like every other matrix, and zeros draw no random numbers.
+        self.weight = nn.Parameter(torch.zeros(c["n_routed_experts"], c["hidden_size"]))
         # Fixed (not trained), non-zero so the bias path of noaux_tc routing is exercised.
         self.register_buffer("e_score_correction_bias", torch.zeros(c["n_routed_experts"]))
 

@@ -310,8 +310,7 @@ def test_redraft_trains_every_drafter_anew_on_the_targets_own_continuations(smok
 def test_distilled_sequences_are_the_targets_continuations_of_text_windows():
     data = torch.arange(3, 1003) % tinymodel.VOCAB
     knobs = train.SMOKE
-    # Initialised as training does: the module's own init leaves some weights as whatever memory
-    # held, whose logits can be NaN, and a NaN's argmax is any token.
+    # Initialised as training does, so the continuations are a seeded model's, not a zero gate's.
     target = tinymodel.TinyDeepseekV3()
     tinymodel.init_weights(target, 0)
     tinymodel.out_proj_scale(target, tinymodel.TARGET_CONFIG["num_hidden_layers"])
