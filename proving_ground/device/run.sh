@@ -65,8 +65,9 @@ export PYTHONPATH=$K/site
 if [ -d "$JIT" ]; then step "JIT caches already here (warm machine)";
 elif [ -f "$G/jit-cache.tar.xz" ]; then step "restore JIT caches"; mkdir -p "$JIT"; tar -xJf "$G/jit-cache.tar.xz" -C "$JIT"; fi
 CHECK_PID=
-# The models folder records where it came from (the carried archive's SHA256, or "trained"), so a
-# newly carried archive replaces what an earlier call left on a warm machine.
+# The models folder records where it came from (the SHA256 of the archive carried or, when it
+# trained, packed), so a newly carried archive replaces what an earlier call left on a warm
+# machine, and carrying back the archive a call packed keeps its pair and the servers kept on it.
 MODEL_SHA=trained
 if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1); fi
 # A call that carries another SGLang's bundle carries no pair: it serves the one an earlier call
@@ -77,8 +78,8 @@ if [ -n "${K26_SITE_SGLANG:-}" ] && [ ! -f "$G/model.tar.xz" ] && [ -f "$K/model
 fi
 # What the models folder must hold: the carried pair, or with K26_REDRAFT=1 that pair's target and
 # drafters trained anew against it, which a warm machine keeps for later K26_REDRAFT=1 calls.
-WANT_MODEL=$MODEL_SHA
-if [ "${K26_REDRAFT:-0}" = 1 ]; then WANT_MODEL="$MODEL_SHA redrafted"; fi
+want_model() { if [ "${K26_REDRAFT:-0}" = 1 ]; then echo "$MODEL_SHA redrafted"; else echo "$MODEL_SHA"; fi; }
+WANT_MODEL=$(want_model)
 HAVE_MODEL=$(cat "$K/models/.k26-model" 2>/dev/null)
 if [ "$SHARED_PAIR" = 1 ] || { [ -f "$K/models/train_report.json" ] && { [ "$HAVE_MODEL" = "$WANT_MODEL" ] || [ "$HAVE_MODEL" = "$MODEL_SHA" ]; }; }; then
   step "model pairs already here (warm machine)"
@@ -99,7 +100,8 @@ else
   rm -rf "$K/models"
   python3 -m proving_ground.train --out "$K/models" --time-budget "${K26_TRAIN_BUDGET:-480}" || exit 1
   tar -C "$K/models" -cf - . | xz -T0 -3 > "$OUT/model.tar.xz"
-  echo trained > "$K/models/.k26-model"
+  MODEL_SHA=$(sha256sum "$OUT/model.tar.xz" | cut -d' ' -f1); WANT_MODEL=$(want_model)
+  echo "$MODEL_SHA" > "$K/models/.k26-model"
   wait "$DETERMINISM_PID"
   grep -E "determinism:|Warning|Error" "$K/determinism.txt" | sort | uniq -c | head -20
 fi
