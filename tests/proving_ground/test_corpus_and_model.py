@@ -224,7 +224,11 @@ def test_a_training_the_time_budget_cuts_is_reported_not_reproducible(text_root,
 
 
 def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(smoke_pair, text_root, tmp_path,
-                                                                             capsys):
+                                                                             capsys, monkeypatch):
+    # A goal past the block of 8 is never reached, whatever the smoke target's continuations: on
+    # some torch builds they are easy enough that a few smoke steps reach the mid goal.
+    unreachable = train.GoalDrafter(9.0)
+    monkeypatch.setitem(train.GOAL_DRAFTERS, "mid", unreachable)
     tmp_path = tmp_path / "pair"
     shutil.copytree(smoke_pair, tmp_path)
     target_before = (tmp_path / "target" / "model.safetensors").read_bytes()
@@ -249,8 +253,8 @@ def test_add_drafter_trains_one_goal_drafter_against_the_target_already_there(sm
     assert set(table["mid"]["acceptance"]) == {shape.name for shape in train.TREE_SHAPES}
     report = json.loads((tmp_path / "train_report.json").read_text())
     mid_report = report["drafter_mid"]
-    assert mid_report["goal"] == train.MID_GOAL and mid_report["device"] == "cpu"
-    # Smoke sizes never reach the goal: said in the report and the log, the drafter still saved.
+    assert mid_report["goal"] == unreachable.goal and mid_report["device"] == "cpu"
+    # A goal not reached is said in the report and the log, and the drafter is still saved.
     assert mid_report["reached_goal"] is False and mid_report["step"] is None
     assert "never reached the mid drafter's goal" in capsys.readouterr().out
     assert report["drafter_weak"]["in_band"] is False and "band" not in mid_report
