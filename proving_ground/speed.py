@@ -149,7 +149,9 @@ class CellResult:
             "accept_length": round(tokens / steps, 3) if speculative and steps else None,
             "errors": errors,
             "verdict": ("FAIL" if errors else lossless.verdict(self.divergences)) if self.checked else ("FAIL" if errors else "completed"),
-            "divergences": [d.as_dict() for d in self.divergences[:20]],
+            # every divergence that fails the cell, and the first ties
+            "divergences": [d.as_dict() for d in self.divergences if not d.tie]
+            + [d.as_dict() for d in self.divergences if d.tie][:20],
             "divergence_count": len(self.divergences),
             "stopped_early": lossless.stops(self.divergences),
             "latency": self.latency,
@@ -333,14 +335,21 @@ def finish_type(reply: dict) -> str | None:
     return reason.get("type") if isinstance(reason, dict) else reason
 
 
-def checked_outputs(replies: list[tuple[int, dict]]):
+def checked_outputs(replies: list[tuple[int, dict]], new_tokens: int):
     """(prompt index, output ids[, tokens to compare]) of the replies that did not fail: an
-    aborted one is compared up to where it stopped."""
+    aborted one is compared up to where it stopped, and never past the new_tokens asked for.
+    SGLang 0.5.17 answers an abort that lands in the step crossing max_new_tokens with all of
+    that step's tokens (Req.update_finish_state takes the abort before the length check), so a
+    speculative server's aborted reply can hold up to a block more than was asked."""
     for index, reply in replies:
         if "error" in reply:
             continue
         ids = reply.get("output_ids") or []
-        yield (index, ids, len(ids)) if finish_type(reply) == "abort" else (index, ids)
+        if finish_type(reply) == "abort":
+            ids = ids[:new_tokens]
+            yield index, ids, len(ids)
+        else:
+            yield index, ids
 
 
 def latency_pass(url: str, prompts: list[list[int]], params: dict, concurrency: int, order: list[int],
@@ -419,7 +428,8 @@ def measure(servers: list[Measured], spec: SpeedSpec, prompts: list[list[int]], 
                 repeat, replies = run_repeat(send, abort, server.url, prompts, params, concurrency, order)
                 done.append((result, repeat))
                 if result.checked:
-                    result.divergences += lossless.divergences(checked_outputs(replies), reference, rule)
+                    result.divergences += lossless.divergences(checked_outputs(replies, spec.new_tokens), reference,
+                                                               rule)
             r += 1
             first = (first + count) % len(prompts)
             round_s = time.time() - began

@@ -56,6 +56,7 @@ SHAPES = (
 )
 CASES = tuple(Case(d, k, b, s, t, p, tk) for d, k, b, s, p, tk in SHAPES for t in (0.7, 1.0))
 CONTROL = Case(3, 3, 16, False, 1.0)
+ROWS_PER_VERIFY = 1 << 16
 
 
 class Unrunnable(Exception):
@@ -108,7 +109,7 @@ def serving_commit(accept, target: SyntheticTarget, *, root_logits_everywhere: b
     """The verify input's accept as a sampling_law Commit: raw logits in, committed tokens out."""
     case = target.case
 
-    def commit(tree: DDTree, before_root: torch.Tensor) -> torch.Tensor:
+    def commit_rows(tree: DDTree, before_root: torch.Tensor) -> torch.Tensor:
         batch, width = tree.tokens.shape
         logits = target.node_logits(tree, before_root)
         if root_logits_everywhere:
@@ -117,7 +118,20 @@ def serving_commit(accept, target: SyntheticTarget, *, root_logits_everywhere: b
         acceptance = accept(step, logits.contiguous(), sampling_info(case, batch, tree.tokens.device))
         return acceptance.rows[:, : acceptance.width]
 
+    def commit(tree: DDTree, before_root: torch.Tensor) -> torch.Tensor:
+        # A verify of at most ROWS_PER_VERIFY nodes, as a server's batch is: flashinfer's top-p
+        # renorm sizes its workspace by the rows (200,000 trees of 65 nodes asked for 228 GiB).
+        per = max(1, ROWS_PER_VERIFY // tree.tokens.shape[1])
+        return torch.cat([commit_rows(part, before_root[i:i + per])
+                          for i, part in ((i, tree_rows(tree, i, i + per)) for i in range(0, tree.tokens.shape[0], per))])
+
     return commit
+
+
+def tree_rows(tree: DDTree, start: int, stop: int) -> DDTree:
+    """Requests [start, stop) of a batch of trees."""
+    return DDTree(tree.tokens[start:stop], tree.parents[start:stop], tree.depths[start:stop],
+                  tree.node_logws[start:stop], tree.max_depth, tree.best_first)
 
 
 def run(version: str, device, draws: int, alpha: float, cases=CASES, say=print) -> bool:

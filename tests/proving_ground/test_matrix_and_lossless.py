@@ -384,14 +384,28 @@ def test_a_send_that_fails_unexpectedly_ends_the_repeat_and_is_raised(standin_ur
     assert not repeat.is_alive() and raised, "a repeat whose every send failed hung"
 
 
-def test_an_aborted_output_is_checked_up_to_where_it_stopped():
+def test_an_aborted_output_is_checked_up_to_where_it_stopped_and_never_past_the_tokens_asked():
     aborted = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "abort"}}}
     whole = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length", "length": 4}}}
-    got = list(speed.checked_outputs([(0, aborted), (1, whole), (2, {"error": "HTTPError: 500"})]))
-    assert got == [(0, [5, 6], 2), (1, [5, 6])]
-    reference = {i: {"output_ids": [5, 6, 7, 8], "top2": [[[-0.1, 5], [-5.0, 1]]] * 4} for i in (0, 1)}
+    # an abort in the step that crossed max_new_tokens: that step's tokens past it come back too
+    overran = {"output_ids": [5, 6, 7, 8, 9, 9], "meta_info": {"finish_reason": {"type": "abort"}}}
+    longer = {"output_ids": [5, 6, 7, 8, 9], "meta_info": {"finish_reason": {"type": "length", "length": 4}}}
+    replies = [(0, aborted), (1, whole), (2, {"error": "HTTPError: 500"}), (3, overran), (4, longer)]
+    got = list(speed.checked_outputs(replies, 4))
+    assert got == [(0, [5, 6], 2), (1, [5, 6]), (3, [5, 6, 7, 8], 4), (4, [5, 6, 7, 8, 9])]
+    reference = {i: {"output_ids": [5, 6, 7, 8], "top2": [[[-0.1, 5], [-5.0, 1]]] * 4} for i in range(5)}
     found = lossless.divergences(got, reference, lossless.TieRule(0.05))
-    assert [d.prompt for d in found] == [1], "the whole reply stopped short of the reference; the aborted one did not"
+    assert [(d.prompt, d.position) for d in found] == [(1, 2), (4, 4)], \
+        "short and over-long finished replies diverge; aborted ones are judged up to the tokens asked"
+
+
+def test_a_cell_keeps_every_failing_divergence_and_the_first_ties():
+    ties = [lossless.Divergence(i, 3, 1, 2, 0.0, True) for i in range(30)]
+    wrong = [lossless.Divergence(40 + i, 9, 1, 2, 4.0, False) for i in range(3)]
+    cell = speed.CellResult("s", "greedy-c16", divergences=ties + wrong, checked=True)
+    summary = cell.summary(True)
+    assert summary["verdict"] == "FAIL" and summary["divergence_count"] == 33
+    assert [d["prompt"] for d in summary["divergences"]] == [40, 41, 42] + list(range(20))
 
 
 def test_a_ratio_interval_from_one_table_pairs_repeats_by_round():
