@@ -14,7 +14,8 @@ one-rank draft piece: lm_head and top-K inside the graph; compared with the
 eager CUDA step only, since bf16 logits round differently on the CPU), and
 every other pair of shapes captures its buckets up front, so all four
 combinations run. Last,
-the verify's custom-mask and commit kernels against their torch ops on the GPU.
+the verify's custom-mask and commit kernels (0.5.11's and 0.5.17's commits) against their torch
+ops on the GPU.
 Replays run under torch.cuda.set_sync_debug_mode("error"), so a host sync in
 them fails the case. One summary line per case (and the microseconds per step,
 eager and replayed, for information); exit code 0 when every case passes, 1
@@ -151,8 +152,10 @@ def check_shape(depth: int, topk: int, budget: int, spine: bool, seed: int) -> l
 
 
 def check_verify_kernels() -> list[str]:
-    """The fused custom-mask and commit kernels against their torch ops, on the GPU."""
+    """The fused custom-mask and commit kernels (0.5.11's and 0.5.17's commits) against their
+    torch ops, on the GPU."""
     from k26_ddtree.sglang.common.verify_utils import commit_path, verify_custom_mask
+    from k26_ddtree.sglang.v0_5_17.ddtree_utils import commit_step
 
     gen = torch.Generator().manual_seed(11)
     failures = []
@@ -177,6 +180,13 @@ def check_verify_kernels() -> list[str]:
             out.append([commit.kept_slots, commit.freed_slots, commit.kept_nodes, req_to_token])
         if not same(*out):
             failures.append(f"B={batch} budget={budget}: commit kernel != torch ops")
+        out = []
+        for fused in (True, False):
+            req_to_token = torch.full((batch + 2, 3100 + n), -1, dtype=torch.int32, device="cuda")
+            out.append([*commit_step(acceptance.rows, slots, req_to_token, pool, prefix.cuda(), fused=fused),
+                        req_to_token])
+        if not same(*out):
+            failures.append(f"B={batch} budget={budget}: 0.5.17 commit kernel != torch ops")
     return failures
 
 
@@ -222,7 +232,7 @@ def main() -> int:
             print(f"     {failure}")
         failed += bool(failures)
     kernel_failures = check_verify_kernels()
-    print(("ok  " if not kernel_failures else "FAIL") + " verify kernels (custom mask, commit) == torch ops on the GPU")
+    print(("ok  " if not kernel_failures else "FAIL") + " verify kernels (custom mask, both commits) == torch ops on the GPU")
     for failure in kernel_failures:
         print(f"     {failure}")
     failed += bool(kernel_failures)

@@ -10,7 +10,7 @@ maths in verify_utils.py) are reused from k26_ddtree.sglang.common. This package
                    block; the spec bag's N: both), the verify-mask policy (a DDTree Triton graph
                    reads the mask) and the verify's static-memory reserve
   ddtree_utils.py  slot maths on the device: the nodes' slots in req_to_token, the commit
-                   permutation, the path's rows
+                   permutation, the path's rows (commit_kernel.py: the commit in one launch)
   verify_graphs.py the target's verify CUDA graphs: one runner per width of a schedule
   ddtree_info.py   one step's state: the verify input, the acceptance, the on-device commit
   worker.py        DDTreeV2: the drafters built at start-up and the decode step the patched

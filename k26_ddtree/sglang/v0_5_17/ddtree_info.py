@@ -8,7 +8,8 @@ slots. After the target forward:
   accept   greedy: the walk over the target's argmax (in the step's verify graph where there is
            one); sampling: sgl_kernel's exact tree-sampling kernel (the torch walk without it)
            -> PackedAcceptance [B, 2 * P + 1], P = D + 1
-  commit   the path's KV slots to req_to_token in depth order (ddtree_utils.permute_path), and
+  commit   the path's KV slots to req_to_token in depth order (ddtree_utils.commit_step, one
+           fused launch on CUDA), and
            what the scheduler and the draft need, as SGLang's DFlash delivers them:
            out_tokens [B, P] (accepted drafts then the bonus), commit_lens [B] int32,
            new_seq_lens [B], the bonus [B], and the path's target hidden states, positions and
@@ -29,7 +30,7 @@ import torch
 from k26_ddtree.core.verify import PackedAcceptance, verify_sampling
 from k26_ddtree.sglang.common.step_graphs import StepTree
 from k26_ddtree.sglang.common.verify_utils import kernel_sampling, target_probs, verify_custom_mask
-from k26_ddtree.sglang.v0_5_17.ddtree_utils import node_slots, path_rows, permute_path
+from k26_ddtree.sglang.v0_5_17.ddtree_utils import commit_step, node_slots
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative import dflash_utils
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -99,22 +100,16 @@ class DDTreeVerifyInputV2(DFlashVerifyInput):
         return PackedAcceptance.pack(tree, acc)
 
     def commit(self, acceptance: PackedAcceptance, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-               prefix_lens: torch.Tensor, hidden: torch.Tensor) -> DDTreeCommit:
-        """Commit every accepted path on the device. hidden [B * W, F]: the target's hidden states."""
-        rows = acceptance.rows
-        span = acceptance.width
-        accept_len = rows[:, -1]
-        committed = rows[:, :span]
-        path = acceptance.path
-        commit_lens = (accept_len + 1).to(torch.int32)
-        segment = permute_path(req_to_token, req_pool_indices, prefix_lens, self.node_slots, path, commit_lens)
-        prefix = prefix_lens.to(torch.int64)
+               prefix_lens: torch.Tensor, hidden: torch.Tensor, fused: bool | None = None) -> DDTreeCommit:
+        """Commit every accepted path on the device (ddtree_utils.commit_step; fused: its one
+        kernel launch, None on CUDA). hidden [B * W, F]: the target's hidden states."""
+        step = commit_step(acceptance.rows, self.node_slots, req_to_token, req_pool_indices, prefix_lens, fused)
         return DDTreeCommit(
-            out_tokens=committed.clamp(min=0),
-            commit_lens=commit_lens,
-            bonus=committed.gather(1, accept_len.unsqueeze(1)).squeeze(1),
-            new_seq_lens=prefix_lens + commit_lens.to(prefix_lens.dtype),
-            draft_hidden=hidden.index_select(0, path_rows(path, self.draft_token_num)),
-            draft_positions=(prefix.unsqueeze(1) + torch.arange(span, device=prefix.device)).reshape(-1),
-            draft_cache_loc=segment[:, :span].contiguous(),
+            out_tokens=step.out_tokens,
+            commit_lens=step.commit_lens,
+            bonus=step.bonus,
+            new_seq_lens=step.new_seq_lens,
+            draft_hidden=hidden.index_select(0, step.hidden_rows),
+            draft_positions=step.positions,
+            draft_cache_loc=step.cache_loc,
         )

@@ -9,6 +9,8 @@ prefix + d, where its KV, written attending only to its ancestors, is what an au
 writes), then every other node's slot, kept in the row for a later step.
 
   node_slots      req_to_token[prefix, prefix + W) per request
+  commit_step     a step's commit: the permutation and what the scheduler and the draft take;
+                  one launch of commit_kernel.py on CUDA, else these torch ops:
   permute_path    the commit permutation, written back to req_to_token; the new segment
   path_rows       rows of the target's hidden states [B * W, F] on the accepted paths [B * P]
 
@@ -17,7 +19,11 @@ Every shape is known on the host (B, W, P); no function reads a device value.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+from k26_ddtree.core.fused import fused_kernel
 
 
 def _columns(prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
@@ -61,3 +67,50 @@ def path_rows(path: torch.Tensor, width: int) -> torch.Tensor:
     batch = path.shape[0]
     base = torch.arange(batch, device=path.device).unsqueeze(1) * width
     return (base + path.to(torch.int64).clamp(min=0)).reshape(-1)
+
+
+class StepCommit(NamedTuple):
+    """A committed step, device tensors (L = min(W, P)):
+
+    cache_loc     [B, L] long: req_to_token[prefix, prefix + L) after the commit
+    out_tokens    [B, P] long: accepted drafts then the bonus, 0 past it
+    commit_lens   [B] int32: accepted drafts + 1
+    bonus         [B] long
+    new_seq_lens  [B], prefix_lens' dtype: prefix + commit_lens
+    positions     [B * P] long: prefix + depth
+    hidden_rows   [B * P] long: path_rows
+    """
+
+    cache_loc: torch.Tensor
+    out_tokens: torch.Tensor
+    commit_lens: torch.Tensor
+    bonus: torch.Tensor
+    new_seq_lens: torch.Tensor
+    positions: torch.Tensor
+    hidden_rows: torch.Tensor
+
+
+def commit_step(rows: torch.Tensor, slots: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                prefix_lens: torch.Tensor, fused: bool | None = None) -> StepCommit:
+    """Commit every request's accepted path: rows PackedAcceptance.rows [B, 2P + 1], slots
+    node_slots [B, W]. fused: commit_kernel.py's one launch (None: on CUDA), else the torch ops
+    here, which define it."""
+    batch, width = slots.shape
+    kernel = fused_kernel(fused, slots, width, "sglang.v0_5_17.commit_kernel", "commit_fused")
+    if kernel is not None:
+        return StepCommit(*kernel(rows, slots, req_to_token, req_pool_indices, prefix_lens))
+    span = (rows.shape[1] - 1) // 2
+    accept_len = rows[:, -1]
+    committed = rows[:, :span]
+    path = rows[:, span : 2 * span]
+    commit_lens = (accept_len + 1).to(torch.int32)
+    segment = permute_path(req_to_token, req_pool_indices, prefix_lens, slots, path, commit_lens)
+    return StepCommit(
+        cache_loc=segment[:, :span].contiguous(),
+        out_tokens=committed.clamp(min=0),
+        commit_lens=commit_lens,
+        bonus=committed.gather(1, accept_len.unsqueeze(1)).squeeze(1),
+        new_seq_lens=prefix_lens + commit_lens.to(prefix_lens.dtype),
+        positions=_columns(prefix_lens, span).reshape(-1),
+        hidden_rows=path_rows(path, width),
+    )

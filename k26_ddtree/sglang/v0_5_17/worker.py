@@ -14,7 +14,8 @@ block forward (prepare, draft KV slots, the draft model's one TARGET_VERIFY forw
                        which reads the mask: verify_graphs.py, args.verify_needs_mask; eager past
                        its batch sizes, planned for W); the grammar mask over the tree and the
                        logit adjustments as DFlash applies them
-  4. ddtree_info.py    accept, then commit on the device: the path's slots permuted to the front
+  4. ddtree_info.py    accept, then commit on the device (ddtree_utils.py, one fused launch on
+                       CUDA): the path's slots permuted to the front
                        of the row, new_seq_lens published at once (on_publish), then the path's
                        target hidden states appended to the draft KV as DFlash appends its chain
   5. the result        DFlash's: next_token_ids strided by P = D + 1 (accepted drafts then the
@@ -103,6 +104,12 @@ class DDTreeV2:
             DDTreeDrafter.for_bucket(config, head, bucket_sizes, server_args, device, hook, trace)
             for config, bucket_sizes in zip(configs, schedule.graph_batch_sizes(sizes))
         ]
+        if device.type == "cuda":
+            # The fused commit compiles once per tree shape: here, not in a decode step.
+            from k26_ddtree.sglang.v0_5_17 import commit_kernel
+
+            for config in configs:
+                commit_kernel.warm_up(config.verify_width, config.block_size - 1, device)
         logger.info("DDTree v2 worker: %s; verify widths %s.", schedule.describe(),
                     "/".join(str(b.verify_width) for b in schedule.buckets))
         return cls(schedule, DDTreeDrafters(schedule, drafters, hook))
