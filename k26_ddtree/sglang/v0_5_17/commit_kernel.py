@@ -91,7 +91,8 @@ def commit_fused(rows: torch.Tensor, node_slots: torch.Tensor, req_to_token: tor
     new_seq_lens = torch.empty_like(prefix_lens)
     if batch:
         _commit_kernel[(batch,)](
-            rows, rows.stride(0), node_slots.contiguous(), req_pool_indices, prefix_lens, req_to_token,
+            rows, rows.stride(0), node_slots.contiguous(), req_pool_indices.contiguous(), prefix_lens.contiguous(),
+            req_to_token,
             req_to_token.stride(0), cache_loc, out_tokens, commit_lens, bonus, new_seq_lens, positions,
             hidden_rows,
             W=width, P=span, L=min(width, span), W_PAD=max(2, triton.next_power_of_2(width)), P_PAD=max(2, triton.next_power_of_2(span)),
