@@ -159,7 +159,7 @@ def check_verify_kernels() -> list[str]:
 
     gen = torch.Generator().manual_seed(11)
     failures = []
-    for batch, depth, topk, budget in ((1, 7, 4, 8), (16, 7, 8, 64), (48, 7, 1, 7), (5, 15, 2, 16)):
+    for batch, depth, topk, budget in ((1, 7, 4, 8), (16, 7, 8, 64), (48, 7, 1, 7), (5, 15, 2, 16), (4, 7, 4, 1)):
         root, tokens, logprobs = draft_inputs(gen, batch, depth, topk, vocab=VOCAB)
         tree = build_ddtree(root.cuda(), tokens.cuda(), logprobs.cuda(), budget)
         n = budget + 1
@@ -185,7 +185,7 @@ def check_verify_kernels() -> list[str]:
             req_to_token = torch.full((batch + 2, 3100 + n), -1, dtype=torch.int32, device="cuda")
             out.append([*commit_step(acceptance.rows, slots, req_to_token, pool, prefix.cuda(), fused=fused),
                         req_to_token])
-        if not same(*out):
+        if not same(*out) or [t.dtype for t in out[0]] != [t.dtype for t in out[1]]:
             failures.append(f"B={batch} budget={budget}: 0.5.17 commit kernel != torch ops")
     return failures
 

@@ -68,13 +68,15 @@ CHECK_PID=
 # The models folder records where it came from (the SHA256 of the archive carried or, when it
 # trained, packed), so a newly carried archive replaces what an earlier call left on a warm
 # machine, and carrying back the archive a call packed keeps its pair and the servers kept on it.
+# A call that carries no archive serves the pair an earlier call on this machine made or unpacked.
 MODEL_SHA=trained
-if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1); fi
-# A call that carries another SGLang's bundle carries no pair: it serves the one an earlier call
-# made or unpacked, which the servers kept beside run on.
+if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1)
+elif [ -s "$K/models/.k26-model" ] && [ -f "$K/models/train_report.json" ]; then MODEL_SHA=$(cut -d' ' -f1 "$K/models/.k26-model"); fi
+# A call that carries another SGLang's bundle carries no pair: it serves that pair as it is,
+# redrafted or not, since the servers kept beside run on it.
 SHARED_PAIR=0
 if [ -n "${K26_SITE_SGLANG:-}" ] && [ ! -f "$G/model.tar.xz" ] && [ -f "$K/models/train_report.json" ]; then
-  SHARED_PAIR=1; MODEL_SHA=$(cut -d' ' -f1 "$K/models/.k26-model")
+  SHARED_PAIR=1
 fi
 # What the models folder must hold: the carried pair, or with K26_REDRAFT=1 that pair's target and
 # drafters trained anew against it, which a warm machine keeps for later K26_REDRAFT=1 calls.

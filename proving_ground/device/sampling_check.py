@@ -1,4 +1,4 @@
-"""Exact tree sampling through the serving path on a GPU: 30 cases and a control.
+"""Exact tree sampling through the serving path on a GPU: 30 cases and two controls.
 
     PYTHONPATH=SITE python proving_ground/device/sampling_check.py [--draws N] [--alpha A]
 
@@ -9,12 +9,13 @@ context go through that SGLang version's DDTree verify input, as the server call
 target's raw logits in, `accept` out (target_probs, then sgl_kernel's
 tree_speculative_sampling_target_only, which SGLang finds on a GPU). The first committed token,
 and the first two (over two steps where the first commits one), must follow the target's law:
-chi-square p above A for each. The control gives every node the root's logits, a wiring bug the
-second token must expose (p below 1e-9), so a pass is not a test that cannot fail.
+chi-square p above A for each. Two controls show a pass is not a test that cannot fail: every
+node given the root's logits (a wiring bug the second token must expose), and top-k 3 judged by
+the law without it (a law applied wrong); each must give p below 1e-9.
 
-One line per case, then `sampling exactness: P/30, control caught` (or `missed`). Exit 0 when
-every case passes and the control is caught, 1 otherwise, 2 when this machine cannot run it (no
-GPU, an SGLang without DDTree wiring, no tree kernel).
+One line per case, then `sampling exactness: P/30, controls caught` (or `missed`). Exit 0 when
+every case passes and both controls are caught, 1 otherwise, 2 when this machine cannot run it
+(no GPU, an SGLang without DDTree wiring, no tree kernel).
 """
 
 from __future__ import annotations
@@ -30,32 +31,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "core")]
 
-from sampling_law import VOCAB, Case, Commit, SyntheticTarget, pvalues  # noqa: E402
+from sampling_law import SHAPES, VOCAB, Case, Commit, SyntheticTarget, pvalues  # noqa: E402
 
 from k26_ddtree.core.tree import DDTree  # noqa: E402
 from k26_ddtree.sglang.common.step_graphs import StepTree  # noqa: E402
 
-# (depth, top-K, budget, spine, top_p, top_k): chains, siblings, leaves at the depth cap, the
-# block of 8 the proving ground serves, wide trees, and the served law (top-p 0.95).
-SHAPES = (
-    (3, 2, 1, False, None, None),
-    (3, 3, 2, False, None, None),
-    (3, 3, 16, False, None, None),
-    (3, 4, 64, False, None, None),
-    (5, 2, 5, True, None, None),
-    (4, 3, 64, False, 0.8, None),
-    (7, 1, 7, True, None, None),
-    (7, 4, 8, False, None, None),
-    (7, 4, 8, True, None, None),
-    (7, 4, 16, True, 0.95, None),
-    (7, 5, 32, False, None, None),
-    (7, 6, 64, True, None, None),
-    (4, 3, 32, False, None, 3),
-    (4, 3, 32, True, 0.9, 4),
-    (7, 4, 16, False, 0.95, None),
-)
 CASES = tuple(Case(d, k, b, s, t, p, tk) for d, k, b, s, p, tk in SHAPES for t in (0.7, 1.0))
+# The controls: every node given the root's logits (a wiring bug), and top-k 3 judged by the law
+# without it (a law applied wrong); the check must reject both.
 CONTROL = Case(3, 3, 16, False, 1.0)
+CUT_CONTROL = Case(4, 3, 32, False, 1.0, top_k=3)
 ROWS_PER_VERIFY = 1 << 16
 
 
@@ -149,11 +134,15 @@ def run(version: str, device, draws: int, alpha: float, cases=CASES, say=print) 
             f"accepted {accepted.float().mean():.2f} mean / {int(accepted.max())} max, {time.perf_counter() - t0:.1f}s")
     torch.manual_seed(999)
     target = SyntheticTarget(CONTROL, device)
-    _, p_control, _ = pvalues(target, draws, serving_commit(accept, target, root_logits_everywhere=True))
-    caught = p_control < 1e-9
-    say(f"control (every node given the root's logits) {CONTROL}: p first two {p_control:.3g}, "
-        f"{'caught' if caught else 'MISSED'}")
-    say(f"sampling exactness: {passed}/{len(cases)}, control {'caught' if caught else 'missed'}")
+    _, p_wiring, _ = pvalues(target, draws, serving_commit(accept, target, root_logits_everywhere=True))
+    target = SyntheticTarget(CUT_CONTROL, device)
+    whole = SyntheticTarget(CUT_CONTROL._replace(top_k=None), device)
+    p_cut, _, _ = pvalues(target, draws, serving_commit(accept, target), law=whole)
+    caught = p_wiring < 1e-9 and p_cut < 1e-9
+    for what, case, p in (("every node given the root's logits", CONTROL, p_wiring),
+                          ("top-k 3 judged by the law without it", CUT_CONTROL, p_cut)):
+        say(f"control ({what}) {case}: p {p:.3g}, {'caught' if p < 1e-9 else 'MISSED'}")
+    say(f"sampling exactness: {passed}/{len(cases)}, controls {'caught' if caught else 'missed'}")
     return passed == len(cases) and caught
 
 

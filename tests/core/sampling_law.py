@@ -13,6 +13,25 @@ from k26_ddtree.core.tree import DDTree, build_ddtree
 
 VOCAB = 6
 CONTEXT = (2, 4)  # the two tokens before the first draft: (token before the root, root)
+# (depth, top-K, budget, spine, top_p, top_k): chains, siblings, leaves at the depth cap, the
+# block of 8 the proving ground serves, wide trees, and the served law (top-p 0.95).
+SHAPES = (
+    (3, 2, 1, False, None, None),
+    (3, 3, 2, False, None, None),
+    (3, 3, 16, False, None, None),
+    (3, 4, 64, False, None, None),
+    (5, 2, 5, True, None, None),
+    (4, 3, 64, False, 0.8, None),
+    (7, 1, 7, True, None, None),
+    (7, 4, 8, False, None, None),
+    (7, 4, 8, True, None, None),
+    (7, 4, 16, True, 0.95, None),
+    (7, 5, 32, False, None, None),
+    (7, 6, 64, True, None, None),
+    (4, 3, 32, False, None, 3),
+    (4, 3, 32, True, 0.9, 4),
+    (7, 4, 16, False, 0.95, None),
+)
 
 
 class Case(NamedTuple):
@@ -136,9 +155,11 @@ def autoregressive_laws(target: SyntheticTarget) -> tuple[torch.Tensor, torch.Te
     return p1, p1[:, None] * p2  # p2[t1]: the law after (root, t1)
 
 
-def pvalues(target: SyntheticTarget, draws: int, commit: Commit) -> tuple[float, float, torch.Tensor]:
-    """(p of the first token, p of the first two, accepted drafts [draws])."""
+def pvalues(target: SyntheticTarget, draws: int, commit: Commit,
+            law: SyntheticTarget | None = None) -> tuple[float, float, torch.Tensor]:
+    """(p of the first token, p of the first two, accepted drafts [draws]): `target`'s trees
+    committed, judged by `law`'s autoregressive law (by default target's own)."""
     t1, t2, accepted = first_two_committed(target, draws, commit)
-    p1, joint = autoregressive_laws(target)
+    p1, joint = autoregressive_laws(law or target)
     return (chi_square_pvalue(torch.bincount(t1, minlength=VOCAB), p1),
             chi_square_pvalue(torch.bincount(t1 * VOCAB + t2, minlength=VOCAB * VOCAB), joint), accepted)

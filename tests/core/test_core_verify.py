@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from core_cases import draft_inputs, meta_tree, random_tree
-from sampling_law import CONTEXT, VOCAB, Case, SyntheticTarget, pvalues
+from sampling_law import CONTEXT, SHAPES, VOCAB, Case, SyntheticTarget, pvalues
 
 from k26_ddtree.core.reference import children_of, walk_greedy
 from k26_ddtree.core.tree import DDTree, build_ddtree
@@ -115,21 +115,10 @@ def torch_verify(target: SyntheticTarget, seed: int, node_probs=None):
     return commit
 
 
-SHAPES = [
-    # (depth, topk, budget, spine, top_p): chains, siblings, leaves at the depth cap
-    (3, 2, 1, False, None),
-    (3, 3, 2, False, None),
-    (3, 3, 16, False, None),
-    (3, 4, 64, False, None),
-    (5, 2, 5, True, None),
-    (4, 3, 64, False, 0.8),
-]
-
-
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
-@pytest.mark.parametrize("depth,topk,budget,spine,top_p", SHAPES)
-def test_sampling_commits_the_autoregressive_law(depth, topk, budget, spine, top_p, temperature):
-    target = SyntheticTarget(Case(depth, topk, budget, spine, temperature, top_p))
+@pytest.mark.parametrize("depth,topk,budget,spine,top_p,top_k", SHAPES[:6])
+def test_sampling_commits_the_autoregressive_law(depth, topk, budget, spine, top_p, top_k, temperature):
+    target = SyntheticTarget(Case(depth, topk, budget, spine, temperature, top_p, top_k))
     p_first, p_pair, accepted = pvalues(target, DRAWS, torch_verify(target, seed=int(temperature * 10) + budget))
     assert p_first > 1e-3 and p_pair > 1e-3
     # The trees do their job: draft tokens get accepted, down to the depth cap when it can be reached.

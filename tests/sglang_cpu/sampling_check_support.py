@@ -20,7 +20,7 @@ def load_check():
 
 
 def check_serving_path(version: str) -> list[str]:
-    """Four of the 30 cases (the whole law, top-p, top-k, both) and the control through
+    """Four of the 30 cases (the whole law, top-p, top-k, both) and both controls through
     `version`'s verify input; the printed lines."""
     check = load_check()
     check.ROWS_PER_VERIFY = 1 << 12  # several verifies per step, as on the GPU
@@ -28,7 +28,7 @@ def check_serving_path(version: str) -> list[str]:
     cases = [next(c for c in check.CASES if (c.top_p is not None, c.top_k is not None) == cut)
              for cut in ((False, False), (True, False), (False, True), (True, True))]
     assert check.run(version, "cpu", 20_000, 1e-4, cases=cases, say=lines.append), "\n".join(lines)
-    assert lines[-1] == f"sampling exactness: {len(cases)}/{len(cases)}, control caught"
+    assert lines[-1] == f"sampling exactness: {len(cases)}/{len(cases)}, controls caught"
     return lines
 
 

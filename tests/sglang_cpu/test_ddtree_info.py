@@ -116,8 +116,9 @@ def test_commit_path_full_depth(patched_sglang):
 
 
 def test_verify_kernels_match_the_torch_ops_in_the_interpreter(patched_sglang):
-    """The fused custom-mask and commit kernels (verify_kernels.py) against the torch ops,
-    in Triton's CPU interpreter; on a GPU proving_ground/device/graph_check.py runs them for real."""
+    """The fused custom-mask and commit kernels (verify_kernels.py, and 0.5.17's
+    commit_kernel.py) against the torch ops, in Triton's CPU interpreter; on a GPU
+    proving_ground/device/graph_check.py runs them for real."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run(

@@ -59,8 +59,7 @@ def _commit_kernel(
 
     slot = tl.load(slots_ptr + b * W + nodes, mask=is_node, other=0)
     pool = tl.load(pool_ptr + b).to(tl.int64)
-    prefix = tl.load(prefix_ptr + b)
-    prefix64 = prefix.to(tl.int64)
+    prefix64 = tl.load(prefix_ptr + b).to(tl.int64)
     tl.store(cache_loc_ptr + b * L + position, slot, mask=is_node & (position < L))
     tl.store(req_to_token_ptr + pool * req_to_token_stride + prefix64 + position,
              slot.to(req_to_token_ptr.dtype.element_ty), mask=is_node)
@@ -75,14 +74,14 @@ def _commit_kernel(
 
 def commit_fused(rows: torch.Tensor, node_slots: torch.Tensor, req_to_token: torch.Tensor,
                  req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor):
-    """(cache_loc [B, min(W, P)], out_tokens [B, P], commit_lens [B] int32, bonus [B],
-    new_seq_lens [B], positions [B * P], hidden_rows [B * P]) from one launch, permuting
-    req_to_token[prefix, prefix + W) on the way. rows: PackedAcceptance.rows [B, 2P + 1], columns
-    contiguous."""
+    """ddtree_utils.StepCommit's fields, in its order, from one launch that permutes
+    req_to_token[prefix, prefix + W) on the way; rows: PackedAcceptance.rows [B, 2P + 1]."""
     batch, width = node_slots.shape
     span = (rows.shape[1] - 1) // 2
+    if req_to_token.stride(1) != 1:
+        raise ValueError(f"req_to_token must have contiguous columns, got strides {req_to_token.stride()}")
     if rows.stride(1) != 1:
-        raise ValueError(f"acceptance rows must have contiguous columns, got strides {rows.stride()}")
+        rows = rows.contiguous()
     device = node_slots.device
     cache_loc = torch.empty(batch, min(width, span), dtype=torch.long, device=device)
     out_tokens, positions, hidden_rows = (torch.empty(batch, span, dtype=torch.long, device=device) for _ in range(3))

@@ -95,7 +95,7 @@ def commit_step(rows: torch.Tensor, slots: torch.Tensor, req_to_token: torch.Ten
     """Commit every request's accepted path: rows PackedAcceptance.rows [B, 2P + 1], slots
     node_slots [B, W]. fused: commit_kernel.py's one launch (None: on CUDA), else the torch ops
     here, which define it."""
-    batch, width = slots.shape
+    width = slots.shape[1]
     kernel = fused_kernel(fused, slots, width, "sglang.v0_5_17.commit_kernel", "commit_fused")
     if kernel is not None:
         return StepCommit(*kernel(rows, slots, req_to_token, req_pool_indices, prefix_lens))

@@ -39,6 +39,7 @@ import logging
 
 import torch
 
+from k26_ddtree.core.fused import MAX_FUSED_NODES
 from k26_ddtree.sglang.common.args import DDTreeArgsError, DDTreeConfig, DDTreeSchedule
 from k26_ddtree.sglang.common.draft import DDTreeDrafter, DDTreeDrafters, DraftHead, topk_hook_from_env
 from k26_ddtree.sglang.common.step_graphs import StepGraphs, StepTree
@@ -109,7 +110,8 @@ class DDTreeV2:
             from k26_ddtree.sglang.v0_5_17 import commit_kernel
 
             for config in configs:
-                commit_kernel.warm_up(config.verify_width, config.block_size - 1, device)
+                if config.verify_width <= MAX_FUSED_NODES:
+                    commit_kernel.warm_up(config.verify_width, config.block_size - 1, device)
         logger.info("DDTree v2 worker: %s; verify widths %s.", schedule.describe(),
                     "/".join(str(b.verify_width) for b in schedule.buckets))
         return cls(schedule, DDTreeDrafters(schedule, drafters, hook))
