@@ -68,22 +68,22 @@ CHECK_PID=
 # The models folder records where it came from (the SHA256 of the archive carried or, when it
 # trained, packed), so a newly carried archive replaces what an earlier call left on a warm
 # machine, and carrying back the archive a call packed keeps its pair and the servers kept on it.
-# A call that carries no archive serves the pair an earlier call on this machine made or unpacked.
+# What it must hold: that pair, or with K26_REDRAFT=1 its target and drafters trained anew against
+# it, which a warm machine keeps for later K26_REDRAFT=1 calls. A call that carries no archive
+# (one carrying another SGLang's bundle among them) serves the pair on this machine as it is,
+# redrafted or not, since servers kept beside may run on it; K26_REDRAFT=1 still redrafts it.
+HAVE_MODEL=$(cat "$K/models/.k26-model" 2>/dev/null)
+[ -f "$K/models/train_report.json" ] || HAVE_MODEL=
 MODEL_SHA=trained
 if [ -f "$G/model.tar.xz" ]; then MODEL_SHA=$(sha256sum "$G/model.tar.xz" | cut -d' ' -f1)
-elif [ -s "$K/models/.k26-model" ] && [ -f "$K/models/train_report.json" ]; then MODEL_SHA=$(cut -d' ' -f1 "$K/models/.k26-model"); fi
-# A call that carries another SGLang's bundle carries no pair: it serves that pair as it is,
-# redrafted or not, since the servers kept beside run on it.
-SHARED_PAIR=0
-if [ -n "${K26_SITE_SGLANG:-}" ] && [ ! -f "$G/model.tar.xz" ] && [ -f "$K/models/train_report.json" ]; then
-  SHARED_PAIR=1
-fi
-# What the models folder must hold: the carried pair, or with K26_REDRAFT=1 that pair's target and
-# drafters trained anew against it, which a warm machine keeps for later K26_REDRAFT=1 calls.
-want_model() { if [ "${K26_REDRAFT:-0}" = 1 ]; then echo "$MODEL_SHA redrafted"; else echo "$MODEL_SHA"; fi; }
+elif [ -n "$HAVE_MODEL" ]; then MODEL_SHA=${HAVE_MODEL%% *}; fi
+want_model() {
+  if [ "${K26_REDRAFT:-0}" = 1 ]; then echo "$MODEL_SHA redrafted"
+  elif [ ! -f "$G/model.tar.xz" ] && [ -n "$HAVE_MODEL" ]; then echo "$HAVE_MODEL"
+  else echo "$MODEL_SHA"; fi
+}
 WANT_MODEL=$(want_model)
-HAVE_MODEL=$(cat "$K/models/.k26-model" 2>/dev/null)
-if [ "$SHARED_PAIR" = 1 ] || { [ -f "$K/models/train_report.json" ] && { [ "$HAVE_MODEL" = "$WANT_MODEL" ] || [ "$HAVE_MODEL" = "$MODEL_SHA" ]; }; }; then
+if [ -n "$HAVE_MODEL" ] && { [ "$HAVE_MODEL" = "$WANT_MODEL" ] || [ "$HAVE_MODEL" = "$MODEL_SHA" ]; }; then
   step "model pairs already here (warm machine)"
 elif [ -f "$G/model.tar.xz" ]; then
   step "unpack the model pairs"; rm -rf "$K/models"; mkdir -p "$K/models"
@@ -108,7 +108,7 @@ else
   grep -E "determinism:|Warning|Error" "$K/determinism.txt" | sort | uniq -c | head -20
 fi
 step "the pair: $(python3 -c "import json; r = json.load(open('$K/models/train_report.json')); print('pair_sha256', r.get('pair_sha256'), 'reproducible', r.get('reproducible'))")"
-if [ "$SHARED_PAIR" = 0 ] && [ "$(cat "$K/models/.k26-model")" != "$WANT_MODEL" ]; then
+if [ "$(cat "$K/models/.k26-model")" != "$WANT_MODEL" ]; then
   # Every drafter trained anew against the pair's target (train --redraft); the archive comes back.
   step "redraft: every drafter trained anew against the carried target"
   python3 -m proving_ground.train --out "$K/models" --redraft --time-budget "${K26_TRAIN_BUDGET:-480}" || exit 1
