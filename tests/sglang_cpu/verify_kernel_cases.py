@@ -16,8 +16,7 @@ from k26_ddtree.core.tree import build_ddtree
 from k26_ddtree.core.verify import PackedAcceptance, verify_greedy
 from k26_ddtree.sglang.common import verify_kernels
 from k26_ddtree.sglang.common.verify_utils import commit_path, verify_custom_mask
-from k26_ddtree.sglang.v0_5_17 import commit_kernel
-from k26_ddtree.sglang.v0_5_17.ddtree_utils import StepCommit, commit_step
+from k26_ddtree.sglang.v0_5_17.ddtree_utils import StepCommit, commit_step, warm_up_commit
 
 # (batch, D, K, budget): one request, odd sizes, a chain, the server's widest tree, a tree narrower
 # than its depth cap.
@@ -76,7 +75,7 @@ def main() -> int:
                 print(f"FAIL {case} repeat {repeat}: {what}")
                 failed += 1
     verify_kernels.warm_up(9, 7, 20, "cpu")  # the start-up compiles run too
-    commit_kernel.warm_up(9, 7, "cpu")
+    warm_up_commit(9, 7, "cpu", fused=True)
     print(f"{len(CASES) * 3} cases" + (f", {failed} failures" if failed else " agree"))
     return 1 if failed else 0
 

@@ -6,7 +6,7 @@ One program per request reads its packed acceptance row and its nodes' slots, pe
 req_to_token segment (the path's slots in depth order, then every other node's in node order),
 and writes everything the scheduler and the draft KV append take. The batch size and
 the strides are not specialised on, so one compiled variant per tree shape serves every batch;
-warm_up compiles it at start-up.
+ddtree_utils.warm_up_commit compiles it at start-up.
 """
 
 from __future__ import annotations
@@ -98,13 +98,3 @@ def commit_fused(rows: torch.Tensor, node_slots: torch.Tensor, req_to_token: tor
         )
     return cache_loc, out_tokens, commit_lens, bonus, new_seq_lens, positions.view(-1), hidden_rows.view(-1)
 
-
-def warm_up(verify_width: int, depth: int, device) -> None:
-    """Compile the kernel for a tree of verify_width nodes and depth cap `depth` at start-up,
-    rather than in a decode step."""
-    span = depth + 1
-    rows = torch.zeros(1, 2 * span + 1, dtype=torch.long, device=device)
-    slots = torch.arange(verify_width, device=device).view(1, verify_width)
-    req_to_token = torch.zeros(1, verify_width + span, dtype=torch.int32, device=device)
-    zero = torch.zeros(1, dtype=torch.long, device=device)
-    commit_fused(rows, slots, req_to_token, zero, zero)

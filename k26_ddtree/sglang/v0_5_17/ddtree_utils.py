@@ -10,7 +10,8 @@ writes), then every other node's slot, kept in the row for a later step.
 
   node_slots      req_to_token[prefix, prefix + W) per request
   commit_step     a step's commit: the permutation and what the scheduler and the draft take;
-                  one launch of commit_kernel.py on CUDA, else these torch ops:
+                  one launch of commit_kernel.py on CUDA (warm_up_commit compiles it at
+                  start-up), else these torch ops:
   permute_path    the commit permutation, written back to req_to_token; the new segment
   path_rows       rows of the target's hidden states [B * W, F] on the accepted paths [B * P]
 
@@ -114,3 +115,14 @@ def commit_step(rows: torch.Tensor, slots: torch.Tensor, req_to_token: torch.Ten
         positions=_columns(prefix_lens, span).reshape(-1),
         hidden_rows=path_rows(path, width),
     )
+
+
+def warm_up_commit(width: int, depth: int, device, fused: bool | None = None) -> None:
+    """One commit of a tree of `width` nodes and depth cap `depth` on placeholder rows, at
+    start-up: where commit_step takes the fused kernel, it compiles here, not in a decode step."""
+    span = depth + 1
+    rows = torch.zeros(1, 2 * span + 1, dtype=torch.long, device=device)
+    slots = torch.arange(width, device=device).view(1, width)
+    req_to_token = torch.zeros(1, width + span, dtype=torch.int32, device=device)
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    commit_step(rows, slots, req_to_token, zero, zero, fused)

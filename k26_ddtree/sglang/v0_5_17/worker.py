@@ -39,12 +39,12 @@ import logging
 
 import torch
 
-from k26_ddtree.core.fused import MAX_FUSED_NODES
 from k26_ddtree.sglang.common.args import DDTreeArgsError, DDTreeConfig, DDTreeSchedule
 from k26_ddtree.sglang.common.draft import DDTreeDrafter, DDTreeDrafters, DraftHead, topk_hook_from_env
 from k26_ddtree.sglang.common.step_graphs import StepGraphs, StepTree
 from k26_ddtree.sglang.common.trace import TraceWriter
 from k26_ddtree.sglang.v0_5_17.ddtree_info import DDTreeVerifyInputV2
+from k26_ddtree.sglang.v0_5_17.ddtree_utils import warm_up_commit
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -105,13 +105,8 @@ class DDTreeV2:
             DDTreeDrafter.for_bucket(config, head, bucket_sizes, server_args, device, hook, trace)
             for config, bucket_sizes in zip(configs, schedule.graph_batch_sizes(sizes))
         ]
-        if device.type == "cuda":
-            # The fused commit compiles once per tree shape: here, not in a decode step.
-            from k26_ddtree.sglang.v0_5_17 import commit_kernel
-
-            for config in configs:
-                if config.verify_width <= MAX_FUSED_NODES:
-                    commit_kernel.warm_up(config.verify_width, config.block_size - 1, device)
+        for config in configs:
+            warm_up_commit(config.verify_width, config.block_size - 1, device)
         logger.info("DDTree v2 worker: %s; verify widths %s.", schedule.describe(),
                     "/".join(str(b.verify_width) for b in schedule.buckets))
         return cls(schedule, DDTreeDrafters(schedule, drafters, hook))
