@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "core")]
 
-from sampling_law import SHAPES, VOCAB, Case, Commit, SyntheticTarget, pvalues  # noqa: E402
+from sampling_law import SHAPES, VOCAB, Case, Commit, SyntheticTarget, pvalues, sampling_info  # noqa: E402
 
 from k26_ddtree.core.tree import DDTree  # noqa: E402
 from k26_ddtree.sglang.common.step_graphs import StepTree  # noqa: E402
@@ -46,27 +46,6 @@ ROWS_PER_VERIFY = 1 << 16
 
 class Unrunnable(Exception):
     """This machine cannot run the check; the message says why."""
-
-
-class SamplingInfo(SimpleNamespace):
-    """The SamplingBatchInfo fields the verify reads, for requests of one law."""
-
-    def __len__(self) -> int:
-        return self.temperatures.shape[0]
-
-
-def sampling_info(case: Case, batch: int, device) -> SamplingInfo:
-    return SamplingInfo(
-        is_all_greedy=False,
-        temperatures=torch.full((batch, 1), case.temperature, device=device),
-        top_ks=torch.full((batch,), case.top_k or VOCAB, dtype=torch.int32, device=device),
-        top_ps=torch.full((batch,), case.top_p or 1.0, device=device),
-        need_top_k_sampling=case.top_k is not None,
-        need_top_p_sampling=case.top_p is not None,
-        has_custom_logit_processor=False,
-        penalizer_orchestrator=SimpleNamespace(is_required=False),
-        logit_bias=None,
-    )
 
 
 def version_accept(version: str):
@@ -100,7 +79,8 @@ def serving_commit(accept, target: SyntheticTarget, *, root_logits_everywhere: b
         if root_logits_everywhere:
             logits = logits.view(batch, width, VOCAB)[:, :1].expand(-1, width, -1).reshape(-1, VOCAB)
         step = StepTree.of_tree(tree, torch.zeros(batch, dtype=torch.long, device=tree.tokens.device))
-        acceptance = accept(step, logits.contiguous(), sampling_info(case, batch, tree.tokens.device))
+        info = sampling_info(batch, case.temperature, case.top_k, case.top_p, tree.tokens.device)
+        acceptance = accept(step, logits.contiguous(), info)
         return acceptance.rows[:, : acceptance.width]
 
     def commit(tree: DDTree, before_root: torch.Tensor) -> torch.Tensor:

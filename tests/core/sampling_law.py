@@ -5,6 +5,7 @@ through SGLang's DDTree verify input and sgl_kernel's tree kernel on a GPU."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable, NamedTuple
 
 import torch
@@ -107,6 +108,29 @@ class SyntheticTarget:
         """[B * N, V] the raw logits after every node, as a target forward returns them."""
         prev2, prev = self.node_context(tree, before_root)
         return self.logits[prev2, prev].reshape(-1, VOCAB)
+
+
+class SamplingInfo(SimpleNamespace):
+    """SGLang's SamplingBatchInfo fields a DDTree verify reads, for requests of one law."""
+
+    def __len__(self) -> int:
+        return self.temperatures.shape[0]
+
+
+def sampling_info(batch: int, temperature: float, top_k: int | None = None, top_p: float | None = None,
+                  device: str | torch.device = "cpu") -> SamplingInfo:
+    """`batch` requests sampling at `temperature`, cut to top_k and top_p where given."""
+    return SamplingInfo(
+        is_all_greedy=False,
+        temperatures=torch.full((batch, 1), temperature, device=device),
+        top_ks=torch.full((batch,), top_k or VOCAB, dtype=torch.int32, device=device),
+        top_ps=torch.full((batch,), top_p or 1.0, device=device),
+        need_top_k_sampling=top_k is not None,
+        need_top_p_sampling=top_p is not None,
+        has_custom_logit_processor=False,
+        penalizer_orchestrator=SimpleNamespace(is_required=False),
+        logit_bias=None,
+    )
 
 
 # commit(tree, before_root) -> [B, D + 1] the committed tokens of one verify step (-1 past them)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sampling_law import sampling_info
 
 from k26_ddtree.core.retrieve import compile_ddtree_retrieve, tree_attention_mask
 from k26_ddtree.core.tree import DDTree
@@ -340,25 +341,6 @@ def test_prepare_refuses_backends_without_tree_mask(patched_sglang):
         verify_input.prepare_for_verify(batch, 1, build_custom_mask=False)
 
 
-class FakeSamplingInfo:
-    """SGLang's SamplingBatchInfo fields the verify step reads, for B identical requests."""
-
-    def __init__(self, batch: int, temperature: float, vocab: int):
-        self.is_all_greedy = False
-        self.temperatures = torch.full((batch, 1), temperature)
-        self.top_ks = torch.full((batch,), vocab)
-        self.top_ps = torch.ones(batch)
-        self.need_top_k_sampling = False
-        self.need_top_p_sampling = False
-        self.has_custom_logit_processor = False
-        self.penalizer_orchestrator = SimpleNamespace(is_required=False)
-        self.logit_bias = None
-        self._batch = batch
-
-    def __len__(self):
-        return self._batch
-
-
 def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
     """Without the kernel (CPU) the step samples through verify_sampling; the first two
     committed tokens must follow the target's autoregressive law at temperature 0.7."""
@@ -373,7 +355,7 @@ def test_sampled_first_and_second_tokens_follow_the_target_law(patched_sglang):
     node_logits[0, 1] += 3.0  # the root's first child is likely, so its subtree gets many draws
     logits = node_logits.repeat(draws, 1)
     verify_input = DDTreeVerifyInput.from_step(StepTree.of_tree(tree, torch.zeros(draws, dtype=torch.long)))
-    batch = SimpleNamespace(batch_size=lambda: draws, sampling_info=FakeSamplingInfo(draws, temperature, vocab))
+    batch = SimpleNamespace(batch_size=lambda: draws, sampling_info=sampling_info(draws, temperature))
     torch.manual_seed(1)
     acceptance = verify_input.accept(batch, logits)
     packed, width = acceptance.rows, acceptance.width
