@@ -136,13 +136,20 @@ if [ "${K26_WIDE:-0}" = 1 ]; then
 fi
 if [ -n "${K26_BOX:-}" ]; then
   # The K2.6 cost emulator (proving_ground/emulator): the same pair, its target's forward made to
-  # cost what one rank of the box spends. subtract_us is what the pair already spends per step:
-  # a DFLASH step of the plain pair takes 4180 us at C=1 (1004 tok/s at acceptance 4.20,
-  # bench/results/2026-12-01-tiny-tree-vs-chain-speed), host included, since SGLang 0.5.11's
-  # DFlash worker does not overlap host and GPU; an AR step overlaps its host time with the
-  # previous step's GPU work, so only the target's own kernels count (about 150 us of the
-  # profiled spec step's 430, bench/results/2026-11-30-decode-step-profiles).
-  SUBTRACT=${K26_SUBTRACT:---subtract-decode-us 150 --subtract-verify-us 4180}
+  # cost what one rank of the box spends. subtract_us is what the pair already spends per step
+  # that the box's step would hide. An AR step overlaps its host time with the previous step's GPU
+  # work, so only the target's own kernels count (about 150 us of the profiled spec step's 430,
+  # bench/results/2026-11-30-decode-step-profiles). SGLang 0.5.11's DFlash worker does not
+  # overlap: its plain-pair step, host included, takes 4180 us at C=1 (1004 tok/s at acceptance
+  # 4.20, bench/results/2026-12-01-tiny-tree-vs-chain-speed). 0.5.17's overlap worker hides the
+  # host behind a step as long as the box's, so only the pair's GPU work counts: about 500 us
+  # (the same profiles' spec step).
+  SERVED_SGLANG=$(cd / && python3 -c "import importlib.metadata as m; print(m.version('sglang'))") || exit 1
+  case $SERVED_SGLANG in
+    0.5.11) VERIFY_US=4180 ;;
+    *) VERIFY_US=500 ;;
+  esac
+  SUBTRACT=${K26_SUBTRACT:---subtract-decode-us 150 --subtract-verify-us $VERIFY_US}
   EMU=$K/models-$K26_BOX
   EMU_KEY="$MODEL_SHA $K26_BOX $SUBTRACT $(cat proving_ground/emulator/boxes/"$K26_BOX".json proving_ground/emulator/calibration.py | sha256sum | cut -c1-16)"
   if [ -f "$EMU/target/config.json" ] && [ "$(cat "$EMU/.k26-emulated" 2>/dev/null)" = "$EMU_KEY" ]; then

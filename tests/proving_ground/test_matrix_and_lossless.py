@@ -176,7 +176,7 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     assert set(spec["speed_runs"]) == {"speed-weak", "speed-real", "wide-speed", "wide-recheck", "tiny-speed-weak",
                                        "tiny-speed-real", "client-check", "wide-speed-mid", "chain-aa",
                                        "wide-speed-costed", "pcie-ep8-steps", "sglang-gap-b", "sglang-gap-c",
-                                       "sglang-port-speed"} | {
+                                       "sglang-port-speed", "sglang-port-box-a", "sglang-port-box-b"} | {
                                            r for r in BOX_RUNS if not r.endswith("-a")}
     for run, source in (("speed-weak", "prove"), ("speed-real", "prove"), ("wide-speed", "wide-tune"),
                         ("wide-recheck", "wide-tune"), ("tiny-speed-weak", "tiny-tune"),
@@ -191,6 +191,10 @@ def test_the_prove_run_starts_every_server_the_speed_tables_reuse():
     assert all(len(runs[run]) == 8 for run in ("speed-weak", "speed-real"))
     assert set(runs["sglang-port-speed"]) <= set(runs["sglang-port-prove"])
     assert spec["run_settings"]["sglang-port-speed"] == spec["run_settings"]["sglang-port-prove"]
+    # The port's emulated-box table: -a starts the servers and measures C=1 and 16, -b reuses them.
+    assert runs["sglang-port-box-b"] == runs["sglang-port-box-a"]
+    assert spec["run_settings"]["sglang-port-box-b"] == spec["run_settings"]["sglang-port-box-a"]
+    assert {"dflash-weak", "dflash-weak-twin", "ddtree-b7-k1-weak"} <= set(runs["sglang-port-box-a"])
     assert set(spec["first_wave"]) <= set(runs["prove"])
     weak = {matrix.parse_server(n).drafter for n in runs["speed-weak"] if n != "ar"}
     assert weak == {"weak"}
